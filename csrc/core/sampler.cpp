@@ -1,0 +1,155 @@
+// Implementation of the sampling contract; see sampler.h.
+#include "core/sampler.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace fastload {
+
+namespace {
+[[noreturn]] void bad(const std::string& name, const std::string& why, long long value) {
+  throw std::invalid_argument(name + " " + why + ", got " + std::to_string(value));
+}
+}  // namespace
+
+Order parse_order(const std::string& s) {
+  if (s == "random") return Order::Random;
+  if (s == "block") return Order::Block;
+  throw std::invalid_argument("order must be 'random' or 'block', got '" + s + "'");
+}
+
+Even parse_even(const std::string& s) {
+  if (s == "pad") return Even::Pad;
+  if (s == "drop") return Even::Drop;
+  if (s == "mask") return Even::Mask;
+  throw std::invalid_argument("even must be 'pad', 'drop' or 'mask', got '" + s + "'");
+}
+
+void SamplerConfig::validate() const {
+  if (num_samples <= 0) bad("dataset length", "must be positive", num_samples);
+  if (batch_size <= 0) bad("batch_size", "must be positive", batch_size);
+  if (world_size <= 0) bad("world_size", "must be positive", world_size);
+  if (rank < 0 || rank >= world_size)
+    throw std::invalid_argument("rank must be in [0, world_size=" + std::to_string(world_size) +
+                                "), got " + std::to_string(rank));
+  if (block_size <= 0) bad("block_size", "must be positive", block_size);
+  if (batch_size > (int64_t{1} << 40) / world_size)
+    bad("batch_size * world_size", "is too large", batch_size);
+}
+
+// ---------------------------------------------------------------- Ordering
+
+Ordering::Ordering(const SamplerConfig& cfg, int64_t epoch)
+    : n_(cfg.num_samples), shuffle_(cfg.shuffle), order_(cfg.order), seed_(cfg.seed),
+      epoch_(static_cast<uint64_t>(epoch)) {
+  if (!shuffle_) return;
+  if (order_ == Order::Random) {
+    perm_ = Permutation(n_, seed_, mix64(epoch_));
+    return;
+  }
+  block_size_ = std::min<int64_t>(cfg.block_size, n_);
+  num_blocks_ = (n_ + block_size_ - 1) / block_size_;
+  last_block_size_ = n_ - (num_blocks_ - 1) * block_size_;
+  perm_ = Permutation(num_blocks_, seed_, mix64(epoch_) ^ 0xb10cULL);
+  // Where the (possibly shorter) last block lands in the shuffled block order.
+  short_slot_ = static_cast<int64_t>(perm_.inverse(num_blocks_ - 1));
+}
+
+Ordering::BlockSlot Ordering::block_slot(int64_t i) const {
+  const int64_t short_begin = short_slot_ * block_size_;
+  int64_t slot, offset;
+  if (i < short_begin) {
+    slot = i / block_size_;
+    offset = i % block_size_;
+  } else if (i < short_begin + last_block_size_) {
+    slot = short_slot_;
+    offset = i - short_begin;
+  } else {
+    const int64_t t = i - short_begin - last_block_size_;
+    slot = short_slot_ + 1 + t / block_size_;
+    offset = t % block_size_;
+  }
+  return {static_cast<int64_t>(perm_(static_cast<uint64_t>(slot))), offset};
+}
+
+Permutation Ordering::inner(int64_t block) const {
+  const int64_t size = block == num_blocks_ - 1 ? last_block_size_ : block_size_;
+  return Permutation(size, seed_, mix64(epoch_ ^ mix64(static_cast<uint64_t>(block) + 1)));
+}
+
+int64_t Ordering::operator()(int64_t position) const {
+  if (!shuffle_) return position;
+  if (order_ == Order::Random) return static_cast<int64_t>(perm_(static_cast<uint64_t>(position)));
+  const BlockSlot bs = block_slot(position);
+  return bs.block * block_size_ + static_cast<int64_t>(inner(bs.block)(bs.offset));
+}
+
+void Ordering::fill(int64_t first, int64_t count, int64_t* out) const {
+  if (!shuffle_) {
+    for (int64_t i = 0; i < count; ++i) out[i] = first + i;
+  } else if (order_ == Order::Random) {
+    perm_.fill(static_cast<uint64_t>(first), count, out);
+  } else {
+    // Consecutive positions mostly share a block: build each block's permutation once.
+    int64_t cached_block = -1;
+    Permutation in;
+    for (int64_t i = 0; i < count; ++i) {
+      const BlockSlot bs = block_slot(first + i);
+      if (bs.block != cached_block) {
+        in = inner(bs.block);
+        cached_block = bs.block;
+      }
+      out[i] = bs.block * block_size_ + static_cast<int64_t>(in(bs.offset));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- EpochPlan
+
+EpochPlan::EpochPlan(const SamplerConfig& cfg, int64_t epoch, int64_t start_position)
+    : cfg_(cfg), epoch_(epoch), start_(start_position), ordering_(cfg, epoch) {
+  cfg_.validate();
+  if (epoch < 0) bad("epoch", "must be non-negative", epoch);
+  if (start_position < 0) bad("start position", "must be non-negative", start_position);
+  const int64_t n = cfg.num_samples, w = cfg.world_size;
+  // The rest of the epoch is made a multiple of the world size, so every rank gets equal steps.
+  const int64_t remaining = std::max<int64_t>(n - start_, 0);
+  const int64_t rounded =
+      cfg.even == Even::Drop ? remaining / w * w : (remaining + w - 1) / w * w;
+  end_ = start_ + rounded;
+  global_batch_ = cfg.batch_size * w;
+  full_steps_ = rounded / global_batch_;
+  const int64_t tail = rounded - full_steps_ * global_batch_;  // a multiple of w
+  tail_share_ = tail / w;
+  num_batches_ = full_steps_ + ((tail_share_ > 0 && !cfg.drop_last) ? 1 : 0);
+}
+
+int64_t EpochPlan::position_after(int64_t batches_done) const {
+  if (batches_done >= num_batches_) return end_;
+  return start_ + batches_done * global_batch_;
+}
+
+BatchSpan EpochPlan::batch(int64_t step) const {
+  if (step < 0 || step >= num_batches_)
+    throw std::out_of_range("batch " + std::to_string(step) + " out of range [0, " +
+                            std::to_string(num_batches_) + ")");
+  if (step < full_steps_)
+    return {start_ + step * global_batch_ + cfg_.rank * cfg_.batch_size, cfg_.batch_size};
+  return {start_ + full_steps_ * global_batch_ + cfg_.rank * tail_share_, tail_share_};
+}
+
+void EpochPlan::fill_ids(const BatchSpan& span, int64_t* ids, bool* valid) const {
+  const int64_t n = cfg_.num_samples;
+  // Padding positions p >= n wrap around to p mod n; fill in runs that do not cross a wrap.
+  int64_t done = 0;
+  while (done < span.count) {
+    const int64_t pos = span.first + done;
+    const int64_t wrapped = pos % n;
+    const int64_t run = std::min(span.count - done, n - wrapped);
+    ordering_.fill(wrapped, run, ids + done);
+    if (valid) std::fill(valid + done, valid + done + run, pos < n);
+    done += run;
+  }
+}
+
+}  // namespace fastload

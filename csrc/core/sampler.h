@@ -1,0 +1,85 @@
+// The sampling contract: which sample ids each rank's batches hold, as a pure function of the
+// configuration, the epoch and the resume position (see shared/DESIGN.md, "Sampling contract").
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/permutation.h"
+
+namespace fastload {
+
+enum class Order { Random, Block };
+enum class Even { Pad, Drop, Mask };
+
+Order parse_order(const std::string& s);
+Even parse_even(const std::string& s);
+
+struct SamplerConfig {
+  int64_t num_samples = 0;
+  int64_t batch_size = 1;
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  uint64_t seed = 0;
+  bool shuffle = false;
+  Order order = Order::Random;
+  Even even = Even::Pad;
+  bool drop_last = false;
+  int64_t block_size = 4096;  // samples per block for Order::Block
+  void validate() const;      // throws std::invalid_argument naming the field and value
+};
+
+// The epoch's order of samples: position p in [0, n) -> sample id. Shuffle off is the identity.
+class Ordering {
+ public:
+  Ordering(const SamplerConfig& cfg, int64_t epoch);
+  int64_t operator()(int64_t position) const;
+  void fill(int64_t first, int64_t count, int64_t* out) const;  // positions in [0, n)
+
+ private:
+  struct BlockSlot { int64_t block, offset; };
+  BlockSlot block_slot(int64_t position) const;
+  Permutation inner(int64_t block) const;
+
+  int64_t n_;
+  bool shuffle_;
+  Order order_;
+  uint64_t seed_, epoch_;
+  Permutation perm_;  // whole range (Random) or the blocks (Block)
+  int64_t block_size_ = 0, num_blocks_ = 0, last_block_size_ = 0, short_slot_ = 0;
+};
+
+// A contiguous run of epoch positions: one batch of one rank (or device).
+struct BatchSpan {
+  int64_t first = 0;  // epoch position of the batch's first sample
+  int64_t count = 0;  // samples in the batch
+};
+
+// One rank's batches for one epoch, starting at a global position (0, or where a resumed run
+// stopped). Step s covers positions [start + s*G, start + (s+1)*G) with G = batch_size*world_size;
+// rank r takes the r-th slice of batch_size. The epoch's length is made a multiple of world_size
+// (pad/mask wrap around, drop cuts); a final shorter step is split into equal contiguous shares.
+class EpochPlan {
+ public:
+  EpochPlan(const SamplerConfig& cfg, int64_t epoch, int64_t start_position);
+
+  int64_t num_batches() const { return num_batches_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t start_position() const { return start_; }
+  int64_t end_position() const { return end_; }        // length of the epoch's sequence
+  int64_t global_batch() const { return global_batch_; }
+  int64_t max_batch_rows() const { return cfg_.batch_size; }
+  // Global position after this rank has handed out k batches (the resume point).
+  int64_t position_after(int64_t batches_done) const;
+  BatchSpan batch(int64_t step) const;
+  // ids[i] = sample id of the batch's i-th row; valid[i] = not padding (valid may be null).
+  void fill_ids(const BatchSpan& span, int64_t* ids, bool* valid) const;
+  const SamplerConfig& config() const { return cfg_; }
+
+ private:
+  SamplerConfig cfg_;
+  int64_t epoch_, start_, end_;
+  int64_t global_batch_, full_steps_, tail_share_, num_batches_;
+  Ordering ordering_;
+};
+
+}  // namespace fastload

@@ -1,0 +1,7 @@
+"""fastload: a data loader for PyTorch whose sampling, collation and transfers run in C++."""
+from ._dataset import Dataset, Windows
+from ._loader import Loader, LoaderIterator
+from ._state import STATE_VERSION
+
+__version__ = "0.1.0"
+__all__ = ["Dataset", "Windows", "Loader", "LoaderIterator", "STATE_VERSION", "__version__"]

@@ -1,0 +1,88 @@
+"""Resolves what the Loader needs from its surroundings, once, at construction: this process's
+rank and world size, its default device, and how many collation threads it may use."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ._dataset import _as_int
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple[int, int]:
+    """Explicit values win; then a process group; then torch.distributed if initialised; then
+    the RANK/WORLD_SIZE variables torchrun sets; else a single process."""
+    if (rank is None) != (world_size is None):
+        given = "rank" if rank is not None else "world_size"
+        raise ValueError(f"rank and world_size must be given together, got only {given}")
+    if rank is not None:
+        if process_group is not None:
+            raise ValueError("give either rank/world_size or process_group, not both")
+        rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
+        source = "argument"
+    elif process_group is not None:
+        import torch.distributed as dist
+
+        rank, world_size = dist.get_rank(process_group), dist.get_world_size(process_group)
+        if rank < 0:
+            raise ValueError("this process is not a member of the given process_group")
+        source = "process_group"
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        source = "torch.distributed"
+    else:
+        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if env_rank is not None and env_world is not None:
+            rank, world_size, source = env_rank, env_world, "RANK/WORLD_SIZE"
+        else:
+            rank, world_size, source = 0, 1, "default"
+    if world_size <= 0:
+        raise ValueError(f"world_size must be positive, got {world_size} (from {source})")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank} (from {source})")
+    return rank, world_size
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_num_threads() -> int:
+    """The CPUs this process may use, shared among the ranks on this node."""
+    local = _env_int("LOCAL_WORLD_SIZE") or 1
+    return max(1, usable_cpus() // max(local, 1))
+
+
+def resolve_device(device: Any) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", _env_int("LOCAL_RANK") or 0)
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was requested but no usable CUDA GPU is present")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
+    return dev

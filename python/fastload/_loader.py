@@ -1,0 +1,285 @@
+"""The Loader: argument checking and the per-batch hand-off from the native pipeline to torch.
+
+Everything per sample happens in C++ on native threads; per batch, Python makes one call into
+the core and wraps each column's memory as a tensor (DLPack, no copy).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence, Union
+
+import numpy as np
+import torch
+
+from . import _C, _lifecycle
+from ._dataset import Dataset, Windows, _as_int
+from ._environment import default_num_threads, resolve_device, resolve_rank
+from ._state import check_state, make_state
+
+Source = Union[Dataset, Windows]
+_EVEN = ("pad", "drop", "mask")
+_ORDER = ("random", "block")
+_MAX_SEED = 2**64 - 1
+# Samples per block for order="block": large enough that a block is a long sequential read.
+_BLOCK_SIZE = 4096
+
+
+class _Run:
+    """One started epoch: the native pipeline and how many batches each output handed out."""
+
+    __slots__ = ("epoch", "start", "pipeline", "handed", "num_batches", "superseded")
+
+    def __init__(self, epoch: int, start: int, pipeline: Any, outputs: int):
+        self.epoch, self.start, self.pipeline = epoch, start, pipeline
+        self.handed = [0] * outputs
+        self.num_batches = pipeline.num_batches(0)
+        self.superseded = False
+
+    def finished(self) -> bool:
+        return min(self.handed) >= self.num_batches
+
+    def position(self) -> int:
+        """Global position after the steps handed out on every output."""
+        return self.pipeline.position_after(0, min(self.handed))
+
+
+class LoaderIterator:
+    """Hands out one output's batches of one epoch, in order, as dict[str, torch.Tensor]."""
+
+    __slots__ = ("_run", "_output", "_engine", "_names", "_device", "_fork_generation")
+
+    def __init__(self, run: _Run, output: int, engine: Any, names: list[str], device: torch.device,
+                 fork_generation: int):
+        self._run, self._output, self._engine = run, output, engine
+        self._names = names
+        self._device = None if device.type == "cpu" else device
+        self._fork_generation = fork_generation
+
+    def __iter__(self) -> "LoaderIterator":
+        return self
+
+    def __len__(self) -> int:
+        return self._run.num_batches - self._run.handed[self._output]
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._fork_generation != _lifecycle.fork_generation:
+            raise RuntimeError(_FORK_MESSAGE)
+        try:
+            parts = self._engine.next(self._run.pipeline, self._output)
+        except RuntimeError as e:
+            if self._run.superseded:
+                raise RuntimeError(
+                    "this iterator's epoch was ended by a newer iter()/split() on the same Loader, "
+                    "or by close(); take batches from the newest iterator"
+                ) from e
+            raise
+        if parts is None:
+            raise StopIteration
+        self._run.handed[self._output] += 1
+        batch = dict(zip(self._names, map(torch.from_dlpack, parts)))
+        if self._device is not None:
+            # Until the CUDA transfer engine lands: a synchronous copy, correct but not overlapped.
+            batch = {k: v.to(self._device) for k, v in batch.items()}
+        return batch
+
+
+_FORK_MESSAGE = ("this fastload Loader was created before a fork(); its threads exist only in the parent "
+                 "process. Create a new Loader in the child process.")
+
+
+class Loader:
+    """Batches from a Dataset or Windows source, sampled and collated by native threads.
+
+    See the README for every argument; the sample order is a pure function of (len(source), seed,
+    epoch, batch_size, world_size, rank, shuffle, order, even, drop_last) and the resume position.
+    """
+
+    def __init__(self, source: Source, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, order: str = "random", rank: int | None = None,
+                 world_size: int | None = None, process_group: Any = None, even: str = "pad",
+                 device: Any = None, num_threads: int | None = None, prefetch: int = 4,
+                 streams: int = 1, with_index: bool = False):
+        if not isinstance(source, (Dataset, Windows)):
+            raise TypeError(f"source must be a fastload.Dataset or fastload.Windows, got {type(source).__name__}")
+        self._batch_size = _as_int("batch_size", batch_size)
+        if self._batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {self._batch_size}")
+        self._seed = _as_int("seed", seed)
+        if not 0 <= self._seed <= _MAX_SEED:
+            raise ValueError(f"seed must be in [0, 2**64), got {self._seed}")
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("with_index", with_index)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if order not in _ORDER:
+            raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
+        if even not in _EVEN:
+            raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
+        self._prefetch = _as_int("prefetch", prefetch)
+        if self._prefetch <= 0:
+            raise ValueError(f"prefetch must be positive, got {self._prefetch}")
+        self._streams = _as_int("streams", streams)
+        if self._streams <= 0:
+            raise ValueError(f"streams must be positive, got {self._streams}")
+        threads = default_num_threads() if num_threads is None else _as_int("num_threads", num_threads)
+        if threads <= 0:
+            raise ValueError(f"num_threads must be positive, got {threads}")
+        self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
+        self._device = resolve_device(device)
+        self._source = source
+        self._shuffle, self._drop_last, self._with_index = bool(shuffle), bool(drop_last), bool(with_index)
+        self._order, self._even = order, even
+        self._num_threads = threads
+        self._names = source.names + (["index"] if self._with_index else []) + (["valid"] if even == "mask" else [])
+        self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], self._batch_size, threads,
+                                 self._prefetch, self._with_index, even == "mask")
+        self._fork_generation = _lifecycle.fork_generation
+        self._run: _Run | None = None
+        self._pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
+        self._last_epoch = -1
+        self._replicas = self._world_size  # data-parallel consumers: world_size x devices per rank
+        self._fail_at_batch = -1  # test hook: a collation thread raises on this batch
+        _lifecycle.register(self)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def num_threads(self) -> int:
+        return self._num_threads
+
+    @property
+    def dataset(self) -> Source:
+        return self._source
+
+    # ------------------------------------------------------------------ sampling
+    def _samplers(self, devices: int) -> list[Any]:
+        world = self._world_size * devices
+        return [_C.Sampler(len(self._source), self._batch_size, world, self._rank * devices + d, self._seed,
+                           self._shuffle, self._order, self._even, self._drop_last, _BLOCK_SIZE)
+                for d in range(devices)]
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (per device after split)."""
+        return self._samplers(1)[0].num_batches(0)
+
+    def plan(self, epoch: int) -> np.ndarray:
+        """This rank's sample ids for an epoch, in the order its batches hold them (int64)."""
+        epoch = _as_int("epoch", epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, got {epoch}")
+        return self._samplers(1)[0].plan(epoch, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iter() run this epoch (from the resumed position, if it is the one
+        load_state_dict restored)."""
+        epoch = _as_int("epoch", epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, got {epoch}")
+        if self._pending is not None and self._pending[0] == epoch:
+            return
+        self._pending = (epoch, 0)
+
+    # ------------------------------------------------------------------ iteration
+    def _check_usable(self) -> None:
+        if self._fork_generation != _lifecycle.fork_generation:
+            raise RuntimeError(_FORK_MESSAGE)
+        if self._engine is None:
+            raise RuntimeError("this Loader is closed")
+
+    def _start(self, devices: list[torch.device]) -> list[LoaderIterator]:
+        self._check_usable()
+        if self._pending is not None:
+            epoch, start = self._pending
+            self._pending = None
+        else:
+            epoch, start = self._last_epoch + 1, 0
+        if self._run is not None:
+            self._run.superseded = True
+        pipeline = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch)
+        self._run = _Run(epoch, start, pipeline, len(devices))
+        self._last_epoch = epoch
+        self._replicas = self._world_size * len(devices)
+        return [LoaderIterator(self._run, d, self._engine, self._names, dev, self._fork_generation)
+                for d, dev in enumerate(devices)]
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self._start([self._device])[0]
+
+    def split(self, devices: Sequence[Any]) -> list[LoaderIterator]:
+        """Starts the next epoch as one iterator per device, sharing this loader's threads.
+
+        Each device gets batch_size samples of every global step (a step is batch_size x
+        len(devices) x world_size samples), disjoint from the other devices and ranks. Iterate
+        each from its own thread, or round-robin from one.
+        """
+        if isinstance(devices, (str, torch.device)) or not isinstance(devices, Sequence) or not devices:
+            raise ValueError(f"devices must be a non-empty list of devices, got {devices!r}")
+        return self._start([resolve_device(d) for d in devices])
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next batch comes from: counts batches handed out (on every device after
+        split), not batches built ahead."""
+        if self._pending is not None:
+            epoch, position = self._pending
+        elif self._run is None:
+            epoch, position = self._last_epoch + 1, 0
+        elif self._run.finished():
+            epoch, position = self._run.epoch + 1, 0
+        else:
+            epoch, position = self._run.epoch, self._run.position()
+        return make_state(num_samples=len(self._source), seed=self._seed, shuffle=self._shuffle, order=self._order,
+                          even=self._even, drop_last=self._drop_last, epoch=epoch, position=position,
+                          batch_size=self._batch_size, replicas=self._replicas)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
+        another world size or batch size (from the same global sample position)."""
+        state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order)
+        self._seed = int(state["seed"])
+        if self._run is not None:
+            self._run.superseded = True
+            self._run.pipeline.cancel()
+            self._run = None
+        self._pending = (int(state["epoch"]), int(state["position"]))
+        self._last_epoch = self._pending[0] - 1
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Stops and joins the collation threads. Batches already handed out stay valid."""
+        engine, self._engine = self._engine, None
+        if engine is None or self._fork_generation != _lifecycle.fork_generation:
+            return  # in a forked child the native side is left alone (its threads are the parent's)
+        if self._run is not None:
+            self._run.superseded = True
+        engine.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    def __repr__(self) -> str:
+        return (f"Loader({self._source!r}, batch_size={self._batch_size}, shuffle={self._shuffle}, "
+                f"rank={self._rank}/{self._world_size}, device={self._device}, num_threads={self._num_threads}, "
+                f"prefetch={self._prefetch})")
