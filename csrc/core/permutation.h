@@ -19,16 +19,28 @@ class Permutation {
   // out[i] = P[first + i] for i < count: the batch-sized hot loop.
   void fill(uint64_t first, int64_t count, int64_t* out) const;
 
+  static constexpr int kRounds = 6;  // forward_batch in permutation.cpp unrolls exactly these
+
  private:
-  static constexpr int kRounds = 6;
   uint64_t forward(uint64_t x) const;
   uint64_t backward(uint64_t x) const;
 
   uint64_t n_ = 0;
   int right_bits_ = 0;
-  uint64_t left_mask_ = 0, right_mask_ = 0;
-  uint64_t keys_[kRounds] = {};
+  // Halves are at most 32 bits for any 64-bit n, so rounds run on 32-bit lanes (SIMD-friendly).
+  uint32_t left_mask_ = 0, right_mask_ = 0;
+  uint32_t keys_[kRounds] = {};
 };
+
+// A 32-bit integer hash with low bias (two multiplies); the Feistel round function.
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
 
 // splitmix64 finaliser: the mixing function used for keys and rounds.
 inline uint64_t mix64(uint64_t x) {

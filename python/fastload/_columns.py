@@ -33,6 +33,8 @@ class ColumnSpec(NamedTuple):
 
 
 def _row_is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    if 0 in shape:
+        return True  # no bytes to read (numpy reports zero strides for empty arrays)
     expected = itemsize
     for size, stride in zip(reversed(shape[1:]), reversed(strides[1:])):
         if size > 1 and stride != expected:

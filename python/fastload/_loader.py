@@ -45,10 +45,12 @@ class _Run:
 class LoaderIterator:
     """Hands out one output's batches of one epoch, in order, as dict[str, torch.Tensor]."""
 
-    __slots__ = ("_run", "_output", "_engine", "_names", "_device", "_fork_generation")
+    __slots__ = ("_loader", "_run", "_output", "_engine", "_names", "_device", "_fork_generation")
 
-    def __init__(self, run: _Run, output: int, engine: Any, names: list[str], device: torch.device,
-                 fork_generation: int):
+    def __init__(self, loader: "Loader", run: _Run, output: int, engine: Any, names: list[str],
+                 device: torch.device, fork_generation: int):
+        # Holding the loader keeps `for batch in Loader(...)` alive while the loop runs.
+        self._loader = loader
         self._run, self._output, self._engine = run, output, engine
         self._names = names
         self._device = None if device.type == "cpu" else device
@@ -212,7 +214,7 @@ class Loader:
         self._run = _Run(epoch, start, pipeline, len(devices))
         self._last_epoch = epoch
         self._replicas = self._world_size * len(devices)
-        return [LoaderIterator(self._run, d, self._engine, self._names, dev, self._fork_generation)
+        return [LoaderIterator(self, self._run, d, self._engine, self._names, dev, self._fork_generation)
                 for d, dev in enumerate(devices)]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

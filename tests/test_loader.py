@@ -1,0 +1,205 @@
+"""The CPU Loader against numpy: every sample once per epoch, values equal arr[index] for every
+column, dtypes kept, order independent of threads and prefetch, batches owned by the user."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import fastload as fl
+
+
+def collect(loader):
+    return [{k: v.clone() for k, v in b.items()} for b in loader]
+
+
+def make_columns(rng, n):
+    return {
+        "f32": rng.standard_normal((n, 3)).astype(np.float32),
+        "i64": np.arange(n, dtype=np.int64) * 7,
+        "u16": rng.integers(0, 65535, (n, 2, 5), dtype=np.uint16),
+        "b": rng.integers(0, 2, n).astype(bool),
+        "f16": rng.standard_normal((n, 4)).astype(np.float16),
+        "i8": rng.integers(-128, 127, (n, 1), dtype=np.int8),
+        "f64": rng.standard_normal(n),
+        "c64": (rng.standard_normal((n, 2)) + 1j * rng.standard_normal((n, 2))).astype(np.complex64),
+        "u8": rng.integers(0, 255, (n, 33), dtype=np.uint8),  # odd row size: the generic copy path
+    }
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_sample_once_and_values_match(rng, shuffle, drop_last):
+    n, b = 1003, 64
+    cols = make_columns(rng, n)
+    loader = fl.Loader(fl.Dataset(cols), batch_size=b, shuffle=shuffle, drop_last=drop_last, seed=3,
+                       with_index=True)
+    batches = collect(loader)
+    assert len(batches) == len(loader) == (n // b if drop_last else -(-n // b))
+    index = torch.cat([x["index"] for x in batches]).numpy()
+    if drop_last:
+        assert len(index) == n // b * b and len(np.unique(index)) == len(index)
+    else:
+        assert np.array_equal(np.sort(index), np.arange(n))
+    if not shuffle:
+        assert np.array_equal(index, np.arange(len(index)))
+    for batch in batches:
+        idx = batch["index"].numpy()
+        for name, arr in cols.items():
+            t = batch[name]
+            assert t.dtype == torch.from_numpy(arr[:1]).dtype, name
+            np.testing.assert_array_equal(t.numpy(), arr[idx], err_msg=name)
+
+
+def test_memmap_source_is_read_in_place(tmp_path, rng):
+    path = tmp_path / "x.npy"
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(5000, 16))
+    arr[:] = rng.standard_normal((5000, 16))
+    arr.flush()
+    mm = np.load(path, mmap_mode="r")
+    loader = fl.Loader(fl.Dataset({"x": mm}), batch_size=256, shuffle=True, with_index=True)
+    for batch in loader:
+        np.testing.assert_array_equal(batch["x"].numpy(), mm[batch["index"].numpy()])
+
+
+def test_torch_tensor_columns_including_bfloat16(rng):
+    n = 300
+    x = torch.randn(n, 4, dtype=torch.bfloat16)
+    y = torch.arange(n, dtype=torch.int32)
+    u = torch.arange(n, dtype=torch.int64).to(torch.uint16)
+    loader = fl.Loader(fl.Dataset({"x": x, "y": y, "u": u}), batch_size=32, shuffle=True, with_index=True)
+    for batch in loader:
+        idx = batch["index"]
+        assert batch["x"].dtype == torch.bfloat16 and batch["u"].dtype == torch.uint16
+        assert torch.equal(batch["x"], x[idx])
+        assert torch.equal(batch["y"], y[idx])
+        assert torch.equal(batch["u"].to(torch.int64), u[idx].to(torch.int64))
+
+
+def test_strided_rows_are_gathered(rng):
+    base = rng.standard_normal((400, 6)).astype(np.float32)
+    every_other = base[::2]  # rows contiguous, leading stride twice the row
+    transposed_view = np.ascontiguousarray(base.T).T  # column-major: rows not contiguous
+    loader = fl.Loader(fl.Dataset({"x": every_other}), batch_size=50, shuffle=True, with_index=True)
+    for batch in loader:
+        np.testing.assert_array_equal(batch["x"].numpy(), every_other[batch["index"].numpy()])
+    with pytest.raises(ValueError, match="not contiguous"):
+        fl.Dataset({"x": transposed_view})
+
+
+@pytest.mark.parametrize("length,stride", [(1025, 1024), (16, 16), (10, 3), (7, 20)])
+def test_windows_match_numpy_slices(rng, length, stride):
+    tokens = rng.integers(0, 50_000, 20_000, dtype=np.uint16)
+    win = fl.Windows(tokens, length=length, stride=stride)
+    assert len(win) == (len(tokens) - length) // stride + 1
+    loader = fl.Loader(win, batch_size=8, shuffle=True, with_index=True)
+    seen = []
+    for batch in loader:
+        assert batch["tokens"].dtype == torch.uint16 and batch["tokens"].shape[1] == length
+        for row, i in zip(batch["tokens"].numpy(), batch["index"].numpy()):
+            np.testing.assert_array_equal(row, tokens[i * stride:i * stride + length])
+        seen.append(batch["index"].numpy())
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(len(win)))
+
+
+@pytest.mark.parametrize("threads,prefetch", [(1, 1), (2, 4), (4, 2), (8, 16)])
+def test_order_is_independent_of_threads_and_prefetch(rng, threads, prefetch):
+    cols = {"x": rng.standard_normal((777, 5)).astype(np.float32)}
+    ref = fl.Loader(fl.Dataset(cols), batch_size=20, shuffle=True, seed=9, num_threads=1, prefetch=1)
+    got = fl.Loader(fl.Dataset(cols), batch_size=20, shuffle=True, seed=9, num_threads=threads, prefetch=prefetch)
+    for epoch in range(2):
+        ref.set_epoch(epoch)
+        got.set_epoch(epoch)
+        a, b = collect(ref), collect(got)
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert torch.equal(x["x"], y["x"])
+
+
+def test_epochs_differ_and_iter_advances_the_epoch(rng):
+    loader = fl.Loader(fl.Dataset({"x": np.arange(500)}), batch_size=50, shuffle=True, seed=1)
+    e0 = torch.cat([b["x"] for b in loader])
+    e1 = torch.cat([b["x"] for b in loader])  # a plain second iter() is epoch 1
+    loader.set_epoch(0)
+    again = torch.cat([b["x"] for b in loader])
+    assert not torch.equal(e0, e1)
+    assert torch.equal(e0, again)
+    assert torch.equal(torch.sort(e1).values, torch.arange(500))
+
+
+def test_same_seed_same_order_across_loaders():
+    ds = fl.Dataset({"x": np.arange(1000)})
+    a = torch.cat([b["x"] for b in fl.Loader(ds, batch_size=64, shuffle=True, seed=5)])
+    b = torch.cat([b["x"] for b in fl.Loader(ds, batch_size=64, shuffle=True, seed=5)])
+    c = torch.cat([b["x"] for b in fl.Loader(ds, batch_size=64, shuffle=True, seed=6)])
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_held_batches_never_change_and_list_works(rng):
+    # More batches than buffers in flight: holding them all must neither block nor alias.
+    x = rng.standard_normal((4096, 8)).astype(np.float32)
+    loader = fl.Loader(fl.Dataset({"x": x}), batch_size=16, shuffle=True, prefetch=2, with_index=True)
+    held = list(loader)
+    assert len(held) == 256
+    more = list(loader)  # another epoch while the first is still held
+    for batch in held + more:
+        np.testing.assert_array_equal(batch["x"].numpy(), x[batch["index"].numpy()])
+
+
+def test_loader_memory_is_bounded_by_prefetch(rng):
+    x = rng.standard_normal((20_000, 64)).astype(np.float32)
+    prefetch = 3
+    loader = fl.Loader(fl.Dataset({"x": x}), batch_size=100, shuffle=True, prefetch=prefetch)
+    for _ in range(3):
+        for batch in loader:  # a training loop: one batch held at a time
+            batch["x"].sum()
+    del batch  # the loop variable still holds the last batch
+    stats = loader._engine.stats()
+    assert stats["live_buffers"] <= prefetch + 1, stats
+    assert stats["allocations"] <= prefetch + 3, stats  # buffers are recycled, not reallocated
+    held = list(loader)
+    del held
+    gc.collect()
+    assert loader._engine.stats()["live_buffers"] <= prefetch + 1
+
+
+def test_batch_outlives_its_loader(rng):
+    x = rng.standard_normal((100, 3)).astype(np.float32)
+    loader = fl.Loader(fl.Dataset({"x": x}), batch_size=10, with_index=True)
+    batch = next(iter(loader))
+    del loader
+    gc.collect()
+    np.testing.assert_array_equal(batch["x"].numpy(), x[batch["index"].numpy()])
+
+
+def test_mask_adds_valid_column_and_partial_batches():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(10)}), batch_size=4, rank=2, world_size=3, even="mask",
+                       with_index=True)
+    batches = list(loader)
+    assert [len(b["x"]) for b in batches] == [len(b["valid"]) for b in batches]
+    assert batches[-1]["valid"].dtype == torch.bool
+    # 10 samples padded to 12 over 3 ranks: rank 2 ends with the two padded positions.
+    assert not batches[-1]["valid"][-1]
+
+
+def test_partial_last_batch_and_drop_last():
+    ds = fl.Dataset({"x": np.arange(10)})
+    assert [len(b["x"]) for b in fl.Loader(ds, batch_size=4)] == [4, 4, 2]
+    assert [len(b["x"]) for b in fl.Loader(ds, batch_size=4, drop_last=True)] == [4, 4]
+    assert [len(b["x"]) for b in fl.Loader(ds, batch_size=16)] == [10]
+
+
+def test_plan_matches_iteration():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(1001)}), batch_size=32, shuffle=True, seed=4,
+                       rank=1, world_size=3, with_index=True)
+    loader.set_epoch(2)
+    got = torch.cat([b["index"] for b in loader]).numpy()
+    assert np.array_equal(loader.plan(2), got)
+
+
+def test_zero_width_rows():
+    loader = fl.Loader(fl.Dataset({"e": np.zeros((10, 0), np.float32), "x": np.arange(10)}), batch_size=4)
+    shapes = [tuple(b["e"].shape) for b in loader]
+    assert shapes == [(4, 0), (4, 0), (2, 0)]
