@@ -1,6 +1,6 @@
 """Throughput benchmark: fastload vs numpy fancy indexing, torch DataLoader and a C++ ceiling.
 
-Owns the benchmark data files (bench/data/, git-ignored) and the results table; the ceiling's
+Owns the benchmark data files (bench/data/, git-ignored) and the results tables; the ceiling's
 copy loop lives in bench/ceiling.cpp. Run `python bench/bench_loader.py [--quick]`; see
 bench/RESULTS.md for the latest full run and how to read it.
 """
@@ -10,17 +10,19 @@ import argparse
 import ctypes
 import datetime
 import gc
+import hashlib
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -31,12 +33,23 @@ import fastload as fl
 HERE = Path(__file__).resolve().parent
 CORES = len(os.sched_getaffinity(0))
 PAGE = os.sysconf("SC_PAGE_SIZE")
+TICK = os.sysconf("SC_CLK_TCK")
 
-# The ceiling's prefetch: rows ahead of the copy, and cache lines started per row (the hardware
-# prefetcher follows a row's later lines). Chosen as the fastest settings tried on the reference
-# machine (see RESULTS.md); the same for every workload so nothing is tuned per row size.
-CEILING_AHEAD = 8
+# The ceiling's prefetch: rows ahead of the copy, and at most this many cache lines started per
+# row (the hardware prefetcher follows a row's later lines). The same for every workload, so
+# nothing is tuned per row size; see RESULTS.md for the settings tried.
+CEILING_AHEAD = 16
 CEILING_LINES = 4
+
+# The bar fastload is held to: >= 0.7x the ceiling everywhere, and >= 20x the DataLoader
+# (>= 10x on 150 KiB rows, where the DataLoader's per-sample Python cost is small next to the copy).
+BAR_CEILING = 0.7
+# A measurement during which other processes used more than this many cores is marked "*".
+CONTENDED = 0.3
+
+
+def bar_dataloader(row_bytes: int) -> float:
+    return 10.0 if row_bytes > 100_000 else 20.0
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -65,8 +78,8 @@ class Workload:
 
 
 def workloads(quick: bool) -> list[Workload]:
-    """Full runs use ~1.5 GiB per row file and a 2 GB token file (bigger than every cache, so
-    random rows miss to DRAM); --quick uses ~32 MiB files, enough to exercise every path."""
+    """Full runs use ~1.6 GB per row file and a 2 GB token file (far bigger than every cache, so
+    random rows come from DRAM); --quick uses ~32 MiB files, enough to exercise every path."""
     scale = 1 / 48 if quick else 1.0
     kib = 1024
     n1k = int(1536 * kib * scale)            # 1 KiB rows: 1.5 GiB
@@ -109,7 +122,8 @@ def ensure_file(path: Path, shape: tuple, dtype: type) -> np.memmap:
 
 def page_in(mm: np.ndarray) -> None:
     """Reads one byte per page through this mapping: pulls the file into the page cache and maps
-    every page in this process, so no alternative pays first-touch faults the others do not."""
+    every page in this process, so no alternative pays first-touch faults the others do not
+    (forked DataLoader workers still fault pages into their own page tables; that is theirs)."""
     flat = mm.reshape(-1).view(np.uint8)
     int(flat[::PAGE].sum())
 
@@ -122,53 +136,97 @@ def sparse_file(path: Path, size: int) -> np.memmap:
     return np.memmap(path, dtype=np.uint8, mode="r", shape=(size,))
 
 
+# ----------------------------------------------------------------------------- CPU accounting
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, steal) clock ticks of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+    return user + nice + system + irq + softirq, steal
+
+
+def _pid_seconds(pid: int) -> float:
+    """CPU seconds (user + system) a process has used; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CpuMeter:
+    """CPU used over a measurement: by this benchmark (all threads of this process plus any
+    helper processes such as DataLoader workers) and by everything else on the machine. The
+    benchmark may share its machine; `others` says how much it did, so figures can be trusted."""
+
+    def __init__(self, pids: Iterable[int] = ()):
+        self.pids = list(pids)
+        self.wall = time.perf_counter()
+        self.own = time.process_time() + sum(map(_pid_seconds, self.pids))
+        self.busy, self.steal = _machine_ticks()
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    def stop(self) -> dict:
+        wall = time.perf_counter() - self.wall
+        own = time.process_time() + sum(map(_pid_seconds, self.pids)) - self.own
+        busy, steal = _machine_ticks()
+        machine = (busy - self.busy) / TICK
+        return {"wall": wall, "own_cores": own / wall,
+                # /proc/stat ticks are 10 ms: clamp the small negative noise when nobody else ran.
+                "other_cores": max(0.0, machine - own) / wall,
+                "steal_cores": (steal - self.steal) / TICK / wall,
+                "own_cpu_s": own,
+                "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults}
+
+
+def wait_for_quiet(max_wait: float, threshold: float = 0.2, window: float = 0.5) -> tuple[float, bool]:
+    """Waits until the rest of the machine used under `threshold` cores over `window` seconds,
+    for at most `max_wait` seconds. On a shared machine this keeps most measurements clear of
+    other people's builds and tests. Returns (seconds waited, whether it was quiet)."""
+    start = time.perf_counter()
+    while True:
+        meter = CpuMeter()
+        time.sleep(window)
+        if meter.stop()["other_cores"] < threshold:
+            return time.perf_counter() - start, True
+        if time.perf_counter() - start >= max_wait:
+            return time.perf_counter() - start, False
+
+
 # ----------------------------------------------------------------------------- measurements
 @dataclass
-class Result:
-    samples_per_s: float | None = None
-    error: str | None = None
-
-    def cell(self, row_bytes: int) -> str:
-        if self.error:
-            return f"error: {self.error}"
-        return f"{fmt_rate(self.samples_per_s)} samples/s, {self.samples_per_s * row_bytes / 1e9:.2f} GB/s"
-
-
-def fmt_rate(x: float) -> str:
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if x >= div:
-            return f"{x / div:.3g} {unit}"
-    return f"{x:.3g}"
+class Measurement:
+    samples_per_s: float
+    cpu_ns_per_sample: float  # this benchmark's CPU time per sample, all its threads/processes
+    own_cores: float
+    other_cores: float        # CPU that other processes on the machine used meanwhile
+    steal_cores: float        # CPU the hypervisor gave to other guests meanwhile
+    faults_per_batch: float   # minor page faults in this process per batch
 
 
-def timed_batches(next_batch: Callable[[], object], batch: int, warmup: float, seconds: float) -> float:
-    """Samples/s of calling next_batch() for `seconds` of wall clock after `warmup` seconds.
-    Counts whole batches only; the clock read per batch (~50 ns) is the only added work."""
+def timed_batches(next_batch: Callable[[], object], batch: int, warmup: float, seconds: float,
+                  pids: Callable[[], Iterable[int]] = tuple) -> Measurement:
+    """Calls next_batch() for `warmup` seconds, then for `seconds` of wall clock; counts whole
+    batches only. The clock read per batch (~50 ns) is the only work added to each batch."""
     clock = time.perf_counter
     end = clock() + warmup
     while clock() < end:
         next_batch()
     done = 0
-    start = clock()
-    end = start + seconds
+    meter = CpuMeter(pids())
+    end = clock() + seconds
     while True:
         next_batch()
         done += 1
-        now = clock()
-        if now >= end:
-            return done * batch / (now - start)
+        if clock() >= end:
+            break
+    return measurement(meter.stop(), done * batch, done)
 
 
-def attempt(fn: Callable[[], float]) -> Result:
-    """Runs one alternative; a failure becomes an error cell instead of ending the benchmark."""
-    try:
-        return Result(samples_per_s=fn())
-    except Exception as e:  # noqa: BLE001 - every failure is reported in the table
-        traceback.print_exc()
-        msg = f"{type(e).__name__}: {e}".splitlines()[0]
-        return Result(error=msg[:120])
-    finally:
-        gc.collect()
+def measurement(m: dict, samples: int, batches: int) -> Measurement:
+    return Measurement(samples / m["wall"], m["own_cpu_s"] / samples * 1e9, m["own_cores"], m["other_cores"],
+                       m["steal_cores"], m["faults"] / max(batches, 1))
 
 
 def fastload_source(w: Workload, mm: np.ndarray):
@@ -177,7 +235,7 @@ def fastload_source(w: Workload, mm: np.ndarray):
     return fl.Dataset({"x": mm})
 
 
-def run_fastload(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> float:
+def run_fastload(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> Measurement:
     loader = fl.Loader(fastload_source(w, mm), batch_size=w.batch, shuffle=True, seed=0,
                        drop_last=True, num_threads=CORES, prefetch=4, device="cpu")
     try:
@@ -198,7 +256,7 @@ def run_fastload(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> 
         loader.close()
 
 
-def run_numpy(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> float:
+def run_numpy(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> Measurement:
     """One thread of numpy fancy indexing: arr[ids] with ids a slice of a random permutation."""
     base = mm.view(np.ndarray)  # the plain ndarray: no np.memmap subclass bookkeeping per batch
     if w.window:
@@ -209,7 +267,7 @@ def run_numpy(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> flo
         base = np.lib.stride_tricks.as_strided(base, shape=(w.num_samples(), length),
                                                strides=(stride * item, item), writeable=False)
     n = w.num_samples()
-    perm = np.random.default_rng(0).permutation(n)
+    perm = np.random.default_rng(0).permutation(n)  # drawn before timing, as a sampler would
     pos = 0
 
     def next_batch():
@@ -251,7 +309,7 @@ class WindowDataset(torch.utils.data.Dataset):
         return torch.from_numpy(np.array(self.mm[start:start + self.length]))
 
 
-def run_dataloader(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> float:
+def run_dataloader(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> Measurement:
     ds = WindowDataset(mm, *w.window) if w.window else RowDataset(mm)
     # Workers fork from this process (Linux default), so they share the memmap without pickling.
     dl = torch.utils.data.DataLoader(ds, batch_size=w.batch, shuffle=True, num_workers=CORES,
@@ -267,9 +325,11 @@ def run_dataloader(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -
                 it = iter(dl)
                 return next(it)
 
-        # The first batch (worker start-up) is not part of the warm-up budget's steady state.
-        next_batch()
-        return timed_batches(next_batch, w.batch, warmup, seconds)
+        def worker_pids():
+            return [p.pid for p in getattr(it, "_workers", [])]  # their CPU is the loader's too
+
+        next_batch()  # worker start-up, before the warm-up's steady state
+        return timed_batches(next_batch, w.batch, warmup, seconds, worker_pids)
     finally:
         # Stop the workers now: idle persistent workers must not share the CPU with what follows.
         shutdown = getattr(it, "_shutdown_workers", None)  # private, but the only prompt way
@@ -282,7 +342,8 @@ _ceiling_lib = None
 
 
 def ceiling_lib() -> ctypes.CDLL:
-    """Compiles bench/ceiling.cpp once per run into a temporary directory."""
+    """Compiles bench/ceiling.cpp once per run into a temporary directory (-O3, no -march:
+    the ceiling a portable build reaches)."""
     global _ceiling_lib
     if _ceiling_lib is None:
         out = Path(tempfile.mkdtemp(prefix="fastload_ceiling_")) / "libceiling.so"
@@ -300,39 +361,100 @@ def ceiling_lib() -> ctypes.CDLL:
 
 
 def run_ceiling(w: Workload, mm: np.ndarray, warmup: float, seconds: float,
-                ahead: int = CEILING_AHEAD, lines: int = CEILING_LINES) -> float:
+                ahead: int = CEILING_AHEAD, lines: int = CEILING_LINES, threads: int | None = None) -> Measurement:
     lib = ceiling_lib()
     address = mm.__array_interface__["data"][0]
-    item = mm.dtype.itemsize
-    pitch = w.window[1] * item if w.window else mm.strides[0]
-    args = (address, w.num_samples(), pitch, w.row_bytes, w.batch, CORES)
+    pitch = w.window[1] * mm.dtype.itemsize if w.window else mm.strides[0]
+    args = (address, w.num_samples(), pitch, w.row_bytes, w.batch, threads or CORES)
     if lib.ceiling_gather(*args, warmup, ahead, lines) < 0:
         raise RuntimeError("ceiling_gather rejected its arguments")
-    start = time.perf_counter()
-    rows = lib.ceiling_gather(*args, seconds, ahead, lines)  # ctypes releases the GIL here
-    return rows / (time.perf_counter() - start)
+    meter = CpuMeter()
+    rows = lib.ceiling_gather(*args, seconds, ahead, lines)  # ctypes releases the GIL for the call
+    return measurement(meter.stop(), rows, rows // w.batch)
 
 
-def first_batch_latency(data_dir: Path, repeats: int) -> list[float]:
+ALTERNATIVES = (("ceiling", run_ceiling), ("fastload", run_fastload), ("numpy", run_numpy),
+                ("dataloader", run_dataloader))
+
+
+@dataclass
+class Result:
+    """One alternative on one workload over all rounds; the table shows the best round."""
+    rounds: list[Measurement] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def best(self) -> Measurement | None:
+        return max(self.rounds, key=lambda m: m.samples_per_s) if self.rounds else None
+
+    def cell(self, row_bytes: int) -> str:
+        if not self.rounds:
+            return f"error: {self.error}"
+        r = self.best.samples_per_s
+        busy = " *" if self.best.other_cores + self.best.steal_cores > CONTENDED else ""
+        return f"{fmt_rate(r)}/s, {r * row_bytes / 1e9:.2f} GB/s{busy}"
+
+    def cpu_cell(self) -> str:
+        if not self.rounds:
+            return "n/a"
+        return f"{fmt_ns(statistics.median(m.cpu_ns_per_sample for m in self.rounds))}"
+
+
+def measure(fn, w: Workload, mm: np.ndarray, warmup: float, seconds: float, result: Result,
+            max_wait: float) -> str:
+    """Runs one round of one alternative into `result`, first waiting (up to max_wait seconds)
+    for the machine to be quiet; a failure becomes an error cell instead of ending the
+    benchmark. Returns the progress line."""
+    waited, _ = wait_for_quiet(max_wait) if max_wait > 0 else (0.0, True)
+    try:
+        m = fn(w, mm, warmup, seconds)
+    except Exception as e:  # noqa: BLE001 - every failure is reported in the table
+        traceback.print_exc()
+        result.error = f"{type(e).__name__}: {e}".splitlines()[0][:120]
+        return f"error: {result.error}"
+    finally:
+        gc.collect()
+    result.rounds.append(m)
+    return (f"{fmt_rate(m.samples_per_s)}/s {m.samples_per_s * w.row_bytes / 1e9:6.2f} GB/s | "
+            f"CPU {m.own_cores:.2f} cores, {fmt_ns(m.cpu_ns_per_sample)}/sample, "
+            f"{m.faults_per_batch:.1f} faults/batch | others {m.other_cores:.2f} cores, steal {m.steal_cores:.2f}"
+            f" (waited {waited:.1f} s for quiet)")
+
+
+def first_batch_latency(data_dir: Path, repeats: int) -> tuple[list[float], list[float]]:
     """Seconds from iter() to the first batch of a shuffled Loader over 10^9 samples (windows of
-    one byte over a sparse 1 GB file), one new epoch per repeat."""
+    one byte over a sparse 1 GB file), one new epoch per repeat; also how much of it iter() took."""
     tokens = sparse_file(data_dir / "sparse_1e9.bin", 10**9)
     win = fl.Windows(tokens, length=1, stride=1)
     assert len(win) == 10**9
     loader = fl.Loader(win, batch_size=256, shuffle=True, seed=0, num_threads=CORES, device="cpu")
-    times = []
+    totals, starts = [], []
     try:
         for _ in range(repeats):
             start = time.perf_counter()
-            batch = next(iter(loader))
-            times.append(time.perf_counter() - start)
+            it = iter(loader)  # ends the previous epoch's pipeline and starts this one's
+            started = time.perf_counter()
+            batch = next(it)
+            totals.append(time.perf_counter() - start)
+            starts.append(started - start)
             assert batch["tokens"].shape == (256, 1)
     finally:
         loader.close()
-    return times
+    return totals, starts
 
 
 # ----------------------------------------------------------------------------- report
+def fmt_rate(x: float) -> str:
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.3g} {unit}"
+    return f"{x:.3g}"
+
+
+def fmt_ns(ns: float) -> str:
+    return f"{ns / 1e3:.3g} µs" if ns >= 1e4 else f"{ns:.3g} ns"
+
+
 def machine_lines() -> list[str]:
     model = "unknown"
     try:
@@ -348,85 +470,123 @@ def machine_lines() -> list[str]:
                              text=True).stdout.strip() or "unknown"
     except OSError:
         rev = "unknown"
+    try:  # which build of fastload was measured (others may reinstall it between runs)
+        so = Path(fl._C.__file__)
+        build = (f"{so.name} built {datetime.datetime.fromtimestamp(so.stat().st_mtime).isoformat(timespec='seconds')}"
+                 f", sha256 {hashlib.sha256(so.read_bytes()).hexdigest()[:12]}")
+    except (AttributeError, OSError):
+        build = "unknown build"
     return [
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {CORES} cores usable ({os.cpu_count()} online), CPU `{model}`, {mem:.1f} GiB RAM, "
         f"{platform.system()} {platform.release()}",
         f"- python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
-        f"fastload {getattr(fl, '__version__', '?')} (git {rev})",
+        f"fastload {getattr(fl, '__version__', '?')} (tree at git {rev}; {build})",
+        f"- load average before the run: {open('/proc/loadavg').read().split()[:3]}",
     ]
 
 
-def ratio(a: Result, b: Result) -> str:
-    if a.error or b.error or not b.samples_per_s:
-        return "n/a"
-    return f"{a.samples_per_s / b.samples_per_s:.2f}x"
+def ratio(a: Result, b: Result) -> float | None:
+    if not a.rounds or not b.rounds or not b.best.samples_per_s:
+        return None
+    return a.best.samples_per_s / b.best.samples_per_s
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small files, short timings (< 1 minute): a smoke test")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per measurement (default 3, quick 0.3)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds of every alternative, interleaved; the table shows each one's best (default 3, quick 1)")
+    ap.add_argument("--max-wait", type=float, default=None,
+                    help="seconds to wait before each measurement for other processes to go quiet "
+                         "(default 30, quick 0)")
     ap.add_argument("--data-dir", type=Path, default=HERE / "data", help="where the .npy files live (default bench/data)")
     args = ap.parse_args()
     seconds = args.seconds if args.seconds is not None else (0.3 if args.quick else 3.0)
+    rounds = max(1, args.rounds if args.rounds is not None else (1 if args.quick else 3))
+    max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.quick else 30.0)
     warmup = min(0.5, max(0.1, seconds / 3))
     args.data_dir.mkdir(parents=True, exist_ok=True)
 
     print("# fastload loader benchmark\n")
     print("\n".join(machine_lines()))
-    print(f"- command: `python bench/bench_loader.py {' '.join(sys.argv[1:])}`".replace("  ", " "))
-    print(f"- timing: {seconds:g} s per measurement after {warmup:g} s warm-up, whole batches; "
-          f"{CORES} threads/workers for fastload, DataLoader and the ceiling\n", flush=True)
+    print(f"- command: `{' '.join(['python', 'bench/bench_loader.py'] + sys.argv[1:])}`")
+    print(f"- timing: {seconds:g} s per measurement after {warmup:g} s warm-up, whole batches, {rounds} round(s) "
+          f"interleaved, best round shown; {CORES} threads/workers for fastload, the DataLoader and the ceiling; "
+          f"up to {max_wait:g} s wait for a quiet machine before each measurement\n",
+          flush=True)
 
-    rows = []
+    table = []
     for w in workloads(args.quick):
         print(f"{w.name}: {w.num_samples()} samples of {w.row_bytes} B", flush=True)
+        results = {label: Result() for label, _ in ALTERNATIVES}
         try:
             mm = ensure_file(args.data_dir / w.file, w.shape, w.dtype)
             page_in(mm)
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            err = Result(error=f"data: {type(e).__name__}: {e}"[:120])
-            rows.append((w, err, err, err, err))
+            for r in results.values():
+                r.error = f"data: {type(e).__name__}: {e}".splitlines()[0][:120]
+            table.append((w, results))
             continue
-        results = {}
-        for label, fn in (("ceiling", run_ceiling), ("fastload", run_fastload), ("numpy", run_numpy),
-                          ("dataloader", run_dataloader)):
-            results[label] = attempt(lambda: fn(w, mm, warmup, seconds))
-            print(f"  {label:10s} {results[label].cell(w.row_bytes)}", flush=True)
-        rows.append((w, results["fastload"], results["numpy"], results["dataloader"], results["ceiling"]))
+        # Rounds interleave the alternatives, so a burst of load from elsewhere on the machine
+        # hits one round of each rather than every round of one.
+        for rnd in range(rounds):
+            for label, fn in ALTERNATIVES:
+                line = measure(fn, w, mm, warmup, seconds, results[label], max_wait)
+                print(f"  round {rnd + 1} {label:10s} {line}", flush=True)
+        table.append((w, results))
         del mm
 
-    print("\n| workload | fastload | numpy 1 thread | torch DataLoader | C++ ceiling | fastload/ceiling | fastload/DataLoader |")
+    print("\n## Throughput (best round)\n")
+    print("| workload | fastload | numpy 1 thread | torch DataLoader | C++ ceiling | fastload/ceiling | fastload/DataLoader |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for w, f, n, d, c in rows:
-        print(f"| {w.name} | {f.cell(w.row_bytes)} | {n.cell(w.row_bytes)} | {d.cell(w.row_bytes)} | "
-              f"{c.cell(w.row_bytes)} | {ratio(f, c)} | {ratio(f, d)} |")
+    for w, r in table:
+        cells = [r[k].cell(w.row_bytes) for k in ("fastload", "numpy", "dataloader", "ceiling")]
+        print(f"| {w.name} | " + " | ".join(cells) +
+              f" | {fmt_ratio(ratio(r['fastload'], r['ceiling']))} | {fmt_ratio(ratio(r['fastload'], r['dataloader']))} |")
 
-    # The bar fastload is held to (see bench/RESULTS.md): >= 0.7x the ceiling everywhere, and
-    # >= 20x the DataLoader (>= 10x on 150 KiB rows, where the DataLoader's per-sample cost is
-    # small next to the copy).
-    print("\nbar (>= 0.7x ceiling; >= 20x DataLoader, 10x for 150 KiB rows):")
-    for w, f, _, d, c in rows:
-        need = 10 if w.row_bytes > 100_000 else 20
+    print(f"\n\\* other processes used more than {CONTENDED:g} cores during that (best) measurement.")
+
+    # CPU time per sample depends far less than throughput on how much of the machine others
+    # took, so it shows each loader's own cost even when the machine is shared.
+    print("\n## CPU time per sample (median round; all threads and worker processes)\n")
+    print("| workload | fastload | numpy 1 thread | torch DataLoader | C++ ceiling | ceiling/fastload CPU | "
+          "other processes' load (cores, mean) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for w, r in table:
+        others = [m.other_cores + m.steal_cores for res in r.values() for m in res.rounds]
+        load = f"{statistics.mean(others):.2f} (max {max(others):.2f})" if others else "n/a"
+        f, c = r["fastload"], r["ceiling"]
+        eff = "n/a"
+        if f.rounds and c.rounds:
+            cpu = statistics.median(m.cpu_ns_per_sample for m in c.rounds)
+            eff = f"{cpu / statistics.median(m.cpu_ns_per_sample for m in f.rounds):.2f}x"
+        print(f"| {w.name} | " + " | ".join(r[k].cpu_cell() for k in ("fastload", "numpy", "dataloader", "ceiling")) +
+              f" | {eff} | {load} |")
+
+    print(f"\n## Bar (>= {BAR_CEILING:g}x ceiling; >= 20x DataLoader, 10x on 150 KiB rows)\n")
+    for w, r in table:
         verdicts = []
-        for what, other, bar in (("ceiling", c, 0.7), ("DataLoader", d, need)):
-            if f.error or other.error or not other.samples_per_s:
-                verdicts.append(f"vs {what}: n/a")
-            else:
-                r = f.samples_per_s / other.samples_per_s
-                verdicts.append(f"vs {what} {r:.2f}x {'meets' if r >= bar else 'MISSES'} {bar:g}x")
+        for what, other, bar in (("ceiling", "ceiling", BAR_CEILING), ("DataLoader", "dataloader", bar_dataloader(w.row_bytes))):
+            x = ratio(r["fastload"], r[other])
+            verdicts.append(f"vs {what}: n/a" if x is None else f"vs {what} {x:.2f}x {'meets' if x >= bar else 'MISSES'} {bar:g}x")
         print(f"- {w.name}: " + "; ".join(verdicts))
 
     try:
-        lat = first_batch_latency(args.data_dir, repeats=7)
-        print(f"\nfirst batch of a shuffled Loader over 10^9 samples (iter() -> first batch, batch 256, "
-              f"{len(lat)} epochs): median {statistics.median(lat) * 1e3:.2f} ms, "
-              f"min {min(lat) * 1e3:.2f} ms, max {max(lat) * 1e3:.2f} ms")
+        lat, starts = first_batch_latency(args.data_dir, repeats=9)
+        print(f"\n## First batch over 10^9 samples\n\nshuffled Loader, batch 256, iter() -> first batch, "
+              f"{len(lat)} epochs: median {statistics.median(lat) * 1e3:.2f} ms, of which iter() itself "
+              f"{statistics.median(starts) * 1e3:.2f} ms (all: {', '.join(f'{t * 1e3:.2f}' for t in lat)} ms)")
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         print(f"\nfirst batch over 10^9 samples: error: {type(e).__name__}: {e}")
+    print(f"\nload average after the run: {open('/proc/loadavg').read().split()[:3]}")
 
 
 if __name__ == "__main__":

@@ -313,6 +313,9 @@ MODES = {"shard": mode_shard, "ddp": mode_ddp, "elastic_save": mode_elastic_save
 
 def main() -> None:
     mode, config_path, out_dir = sys.argv[1:4]
+    # torchrun starts each rank in its own session: the test ends a hung rank by this pid.
+    with open(os.path.join(out_dir, f"pid_rank{os.environ['RANK']}.txt"), "w") as f:
+        f.write(str(os.getpid()))
     with open(config_path) as f:
         cfg = json.load(f)
     MODES[mode](cfg, out_dir)

@@ -57,19 +57,37 @@ def launch(tmp_path: Path, mode: str, world: int, cfg: dict[str, Any], timeout: 
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
-    # Its own session, so that a hang can be ended with every rank torchrun started.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    log = tmp_path / f"{mode}.log"
+    with open(log, "w") as log_file:  # a file, not a pipe: a stray rank can never block the reader
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc, out)
+            pytest.fail(f"torchrun {mode} with {world} ranks did not finish within {timeout}s (a hang?); "
+                        f"output:\n{log.read_text()[-8000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun {mode} with {world} ranks failed (exit {proc.returncode}); "
+                    f"output:\n{log.read_text()[-8000:]}")
+    return [json.loads((out / f"{mode}_rank{r}.json").read_text()) for r in range(world)]
+
+
+def _stop(proc: subprocess.Popen, out: Path) -> None:
+    """Ends a launch that ran out of time: SIGTERM to torchrun (it stops its ranks), then SIGKILL
+    to whatever is left of it and of the ranks (each in its own session; they wrote their pids)."""
+    proc.send_signal(signal.SIGTERM)
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"torchrun {mode} with {world} ranks did not finish within {timeout}s (a hang?); "
-                    f"output:\n{output[-8000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"torchrun {mode} with {world} ranks failed (exit {proc.returncode}); output:\n{output[-8000:]}")
-    return [json.loads((out / f"{mode}_rank{r}.json").read_text()) for r in range(world)]
+        proc.wait()
+    for pid_file in out.glob("pid_rank*.txt"):
+        try:
+            pid = int(pid_file.read_text())
+            if WORKER.name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():  # still our rank
+                os.kill(pid, signal.SIGKILL)
+        except (ValueError, FileNotFoundError, ProcessLookupError, PermissionError):
+            pass
 
 
 # ---------------------------------------------------------------------------- the reference

@@ -71,6 +71,7 @@ std::shared_ptr<HostBuffer> BufferPool::acquire() {
 }
 
 void BufferPool::left_pipeline() {
+  if (fork_generation() != fork_generation_) return;  // see give_back
   std::lock_guard<std::mutex> lock(mutex_);
   --in_pipeline_;
 }

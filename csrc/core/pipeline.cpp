@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "core/fork_guard.h"
+
 namespace fastload {
 
 namespace {
@@ -28,7 +30,7 @@ BatchLayout::BatchLayout(std::vector<ColumnSpec> cols, bool index, bool valid, i
 Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<EpochPlan> plans,
                    int64_t prefetch, std::shared_ptr<BufferPool> pool, int64_t fail_at_step)
     : layout_(std::move(layout)), prefetch_(prefetch), pool_(std::move(pool)),
-      fail_at_step_(fail_at_step) {
+      fail_at_step_(fail_at_step), fork_generation_(fork_generation()) {
   if (prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " + std::to_string(prefetch));
   for (EpochPlan& p : plans) {
@@ -50,6 +52,7 @@ Pipeline::~Pipeline() {
 }
 
 void Pipeline::cancel() {
+  if (fork_generation() != fork_generation_) return;  // no thread of ours runs here to stop
   {
     std::lock_guard<std::mutex> lock(mutex_);
     cancelled_ = true;
@@ -142,6 +145,8 @@ void Pipeline::work() {
 }
 
 NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* out) {
+  if (fork_generation() != fork_generation_)
+    throw std::runtime_error("this epoch's threads belong to the parent of a fork()");
   std::unique_lock<std::mutex> lock(mutex_);
   Output& o = *outputs_.at(static_cast<size_t>(output));
   if (!error_.empty()) throw std::runtime_error(error_);

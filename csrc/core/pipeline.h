@@ -79,6 +79,7 @@ class Pipeline {
   const int64_t prefetch_;
   std::shared_ptr<BufferPool> pool_;
   const int64_t fail_at_step_;
+  const uint64_t fork_generation_;  // a forked child must not take mutex_ (see fork_guard.h)
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   std::vector<std::unique_ptr<Output>> outputs_;  // condition variables do not move

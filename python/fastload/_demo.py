@@ -48,7 +48,7 @@ _EXIT_INTERRUPTED = 130  # the shell convention for "ended by SIGINT"
 # ---------------------------------------------------------------------------- arguments
 def _positive_int(text: str) -> int:
     try:
-        value = int(text.replace("_", ""))
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
@@ -73,32 +73,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     "report throughput and the share of step time spent waiting for data.",
         epilog="Exit status: 0 when done; 130 after Ctrl-C (the summary so far is still printed); "
                "2 on bad arguments.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = parser.add_argument_group("dataset")
-    data.add_argument("--samples", type=_positive_int, default=200_000, help="rows in the dataset")
-    data.add_argument("--features", type=_positive_int, default=256, help="feature columns per row")
-    data.add_argument("--classes", type=_positive_int, default=10, help="label classes (at least 2)")
+    data.add_argument("--samples", type=_positive_int, default=200_000, metavar="N",
+                      help="rows in the dataset (default: %(default)s)")
+    data.add_argument("--features", type=_positive_int, default=256, metavar="F",
+                      help="features per row (default: %(default)s)")
+    data.add_argument("--classes", type=_positive_int, default=10, metavar="C",
+                      help="label classes, at least 2 (default: %(default)s)")
     data.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                       help="storage dtype of the features (float16 halves the bytes read and moved; "
-                           "the batch is cast to float32 on the device)")
-    data.add_argument("--data-dir", type=Path, default=None,
+                           "the batch is cast to float32 on the device; default: %(default)s)")
+    data.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                       help="keep the dataset in this folder and reuse it when it matches the options "
                            "(default: a temporary folder removed at exit)")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=_positive_int, default=400,
-                       help="optimizer steps; epochs are cycled (set_epoch) as needed")
-    train.add_argument("--batch-size", type=_positive_int, default=512, help="samples per step")
-    train.add_argument("--hidden", type=_positive_int, default=512, help="width of the MLP's two hidden layers")
-    train.add_argument("--lr", type=_positive_float, default=1e-3, help="Adam learning rate")
-    train.add_argument("--seed", type=int, default=0, help="seed of the data, the model and the shuffle")
+    train.add_argument("--steps", type=_positive_int, default=400, metavar="N",
+                       help="optimizer steps; epochs are cycled with set_epoch as needed (default: %(default)s)")
+    train.add_argument("--batch-size", type=_positive_int, default=512, metavar="B",
+                       help="samples per step (default: %(default)s)")
+    train.add_argument("--hidden", type=_positive_int, default=512, metavar="H",
+                       help="width of the MLP's two hidden layers (default: %(default)s)")
+    train.add_argument("--lr", type=_positive_float, default=1e-3, help="Adam learning rate (default: %(default)s)")
+    train.add_argument("--seed", type=int, default=0,
+                       help="seed of the data, the model and the shuffle order (default: %(default)s)")
 
     loader = parser.add_argument_group("loader")
-    loader.add_argument("--threads", type=_positive_int, default=None,
+    loader.add_argument("--threads", type=_positive_int, default=None, metavar="T",
                         help="collation threads (default: the CPUs this process may use)")
-    loader.add_argument("--prefetch", type=_positive_int, default=4, help="batches in flight")
-    loader.add_argument("--device", default=None,
+    loader.add_argument("--prefetch", type=_positive_int, default=4, metavar="P",
+                        help="batches in flight (default: %(default)s)")
+    loader.add_argument("--device", default=None, metavar="DEV",
                         help="'cpu', 'cuda' or 'cuda:N' (default: cuda:LOCAL_RANK if a GPU is usable, else cpu)")
 
     report = parser.add_argument_group("reporting")
@@ -110,13 +116,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     report.add_argument("--no-progress", action="store_true",
                         help="no progress bar; print a line every --log-every steps instead "
                              "(also the behaviour when stderr is not a terminal)")
-    report.add_argument("--log-every", type=_positive_int, default=None,
+    report.add_argument("--log-every", type=_positive_int, default=None, metavar="N",
                         help="steps between progress lines without a bar (default: steps/10)")
     args = parser.parse_args(argv)
     if args.classes < 2:
         parser.error("--classes must be at least 2")
     if args.seed < 0:
         parser.error("--seed must be non-negative")
+    if args.device is not None:
+        # Caught here, before time goes into writing the dataset; the Loader checks the rest.
+        try:
+            kind = torch.device(args.device).type
+        except (RuntimeError, ValueError):
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            parser.error(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {args.device!r}")
+        if kind == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: no usable CUDA GPU is present")
     return args
 
 
@@ -334,7 +350,7 @@ def summary(stats: Stats, loader: fl.Loader, args: argparse.Namespace, dataset_m
         f"  dataset     {args.samples:,} x {args.features} {args.dtype} + int64 label = {dataset_mb:,.1f} MB",
         f"  settings    threads={knob(loader.num_threads, args.threads)} prefetch={args.prefetch} "
         f"batch-size={args.batch_size} device={knob(loader.device, args.device)} "
-        f"sync={('on' if sync else 'off') if on_cuda else 'n/a'}",
+        f"sync={('on' if sync else 'off') if on_cuda else 'n/a'} (torch-threads={torch.get_num_threads()})",
     ]
 
 

@@ -26,9 +26,7 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
     if (rank is None) != (world_size is None):
         given = "rank" if rank is not None else "world_size"
         raise ValueError(f"rank and world_size must be given together, got only {given}")
-    if rank is not None:
-        if process_group is not None:
-            raise ValueError("give either rank/world_size or process_group, not both")
+    if rank is not None:  # explicit values win, even over a process_group
         rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
         source = "argument"
     elif process_group is not None:

@@ -174,7 +174,8 @@ class Loader:
                 for d in range(devices)]
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (per device after split)."""
+        """Batches per epoch on this rank when iterated with iter(); after split(), len() of each
+        device's iterator gives that device's remaining batches."""
         return self._samplers(1)[0].num_batches(0)
 
     def plan(self, epoch: int) -> np.ndarray:
@@ -250,6 +251,7 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
         another world size or batch size (from the same global sample position)."""
+        self._check_usable()
         state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order)
         self._seed = int(state["seed"])
         if self._run is not None:

@@ -416,6 +416,40 @@ class CountingAllocator final : public HostAllocator {
   std::atomic<int64_t> allocated_{0}, freed_{0};
 };
 
+// A HostAllocator whose allocate() blocks until the gate opens: holds workers mid-build.
+class GatedAllocator final : public HostAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    --waiting_;
+    return ::operator new(bytes);
+  }
+  void deallocate(void* p, size_t) noexcept override { ::operator delete(p); }
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  // Until `n` threads wait in allocate(); false after 20 s.
+  bool wait_for_waiters(int n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return waiting_ >= n; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int waiting_ = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 // ================================================================ Permutation
@@ -1210,6 +1244,16 @@ TEST_CASE(engine_cancel_and_restart_mid_epoch) {
     prev = p;
   }
   prev.reset();
+  // Batches built but never handed out by those cancelled epochs left the pipeline: a whole
+  // epoch now recycles its buffers instead of allocating one per batch.
+  {
+    auto p = e.start(make_plans(c, {0}, 7));
+    const int64_t before = e.buffer_pool().allocations();
+    consume_all(e.layout(), *p, 0, nullptr);
+    CHECK_MSG(e.buffer_pool().allocations() - before <= o.prefetch + 2,
+              e.buffer_pool().allocations() - before << " allocations for "
+                                                      << p->plan(0).num_batches() << " batches");
+  }
   // A consumer thread blocked in next() when another thread starts a new epoch.
   for (int it = 0; it < 10; ++it) {
     auto p = e.start(make_plans(c, {0}, 0));
@@ -1274,6 +1318,73 @@ TEST_CASE(engine_destroyed_mid_epoch_while_workers_are_busy) {
     if (first.buffer) CHECK(batch_error(layout, p->plan(0), 0, first).empty());
     Batch b;
     if (it % 3 != 0) CHECK_THROWS(p->next(0, milliseconds(10), &b), std::runtime_error, "cancelled");
+  }
+}
+
+TEST_CASE(engine_cancel_wakes_a_blocked_consumer_and_close_joins_busy_workers) {
+  const Source src(300);
+  EngineOptions o;
+  o.num_threads = 2;
+  o.prefetch = 2;
+  o.with_index = true;
+  o.batch_size = 10;
+  const SamplerConfig c = make_cfg(src.n, 10, 1, 0, true);
+  for (int how = 0; how < 3; ++how) {  // 0: Pipeline::cancel, 1: Engine::start, 2: ~Engine
+    auto gate = std::make_shared<GatedAllocator>();
+    auto e = std::make_unique<Engine>(src.specs(), o, gate);
+    auto p = e->start(make_plans(c, {0}, 0));
+    // Both workers are now stuck inside a build (in the allocator).
+    CHECK(gate->wait_for_waiters(2));
+    std::atomic<bool> woke{false};
+    double waited = -1;
+    std::string what;
+    std::thread consumer([&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        Batch b;
+        const NextStatus s = p->next(0, milliseconds(10000), &b);
+        what = s == NextStatus::Ok ? "a batch" : s == NextStatus::End ? "End" : "Timeout";
+      } catch (const std::runtime_error& ex) {
+        what = ex.what();
+      }
+      waited = seconds_since(t0);
+      woke = true;
+    });
+    std::this_thread::sleep_for(milliseconds(100));  // the consumer is in next() by now
+    std::thread stopper;
+    std::atomic<bool> stopped{false};
+    if (how == 0) {
+      p->cancel();
+    } else if (how == 1) {
+      // start() must first wait for the busy workers: run it on its own thread.
+      stopper = std::thread([&] {
+        auto q = e->start(make_plans(c, {0}, 1));
+        consume_all(e->layout(), *q, 0, nullptr);
+        stopped = true;
+      });
+    } else {
+      stopper = std::thread([&] {
+        e.reset();
+        stopped = true;
+      });
+    }
+    // The blocked consumer wakes at once with "cancelled", though no worker has finished.
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!woke && seconds_since(t0) < 5) std::this_thread::sleep_for(milliseconds(5));
+    CHECK_MSG(woke.load(), "how=" << how << ": consumer still blocked in next() 5 s after cancel");
+    std::this_thread::sleep_for(milliseconds(50));
+    if (how != 0) CHECK_MSG(!stopped.load(), "how=" << how << ": returned before the workers did");
+    gate->open();
+    consumer.join();
+    if (stopper.joinable()) stopper.join();
+    CHECK_MSG(what.find("cancelled") != std::string::npos, "how=" << how << ": " << what);
+    CHECK_MSG(waited >= 0 && waited < 5, "how=" << how << ": waited " << waited << " s");
+    Batch b;
+    CHECK_THROWS(p->next(0, milliseconds(10), &b), std::runtime_error, "cancelled");
+    if (e) {
+      auto q = e->start(make_plans(c, {0}, 2));
+      consume_all(e->layout(), *q, 0, nullptr);
+    }
   }
 }
 
@@ -1445,6 +1556,77 @@ TEST_CASE(engine_constructor_and_start_argument_errors) {
   consume_all(index_only.layout(), *q, 0, &ids);
   CHECK(exactly_once(ids, 50));
   e.check_not_forked();
+}
+
+TEST_CASE(engine_stress_restarts_with_concurrent_consumers) {
+  // Random interleavings of: consumers on 3 outputs (each on its own thread), a new epoch started
+  // mid-epoch, cancel(), and consumers that stop early. Every batch handed out must be right.
+  const Source src(700);
+  EngineOptions o;
+  o.num_threads = 3;
+  o.prefetch = 2;
+  o.with_index = true;
+  o.with_valid = true;
+  o.batch_size = 6;
+  auto e = std::make_unique<Engine>(src.specs(), o);
+  const BatchLayout layout = e->layout();  // consumers may outlive the engine
+  std::mt19937 rng(2024);
+  std::atomic<int64_t> batches{0}, cancels{0};
+  const int iterations = 200;
+  for (int it = 0; it < iterations; ++it) {
+    const int64_t world = 3 + it % 2;  // 3 or 4 ranks; this process has ranks 0..2
+    const SamplerConfig c = make_cfg(src.n, 6, world, 0, it % 3 != 0, Order::Random,
+                                     it % 2 ? Even::Mask : Even::Pad, it % 5 == 0, it);
+    auto p = e->start(make_plans(c, {0, 1, 2}, it % 4));
+    std::vector<std::thread> consumers;
+    for (int d = 0; d < 3; ++d) {
+      const int64_t limit = rng() % 3 == 0 ? static_cast<int64_t>(rng() % 20) : int64_t{1} << 40;
+      consumers.emplace_back([&, d, limit, p] {
+        try {
+          for (int64_t s = 0; s < limit; ++s) {
+            Batch b;
+            if (next_blocking(*p, d, &b) == NextStatus::End) {
+              CHECK(s == p->plan(d).num_batches());
+              break;
+            }
+            const std::string err = batch_error(layout, p->plan(d), s, b);
+            CHECK_MSG(err.empty(), "iteration " << it << " output " << d << ": " << err);
+            ++batches;
+          }
+        } catch (const std::runtime_error& ex) {
+          CHECK_MSG(std::strstr(ex.what(), "cancelled") != nullptr, ex.what());
+          ++cancels;
+        }
+      });
+    }
+    switch (rng() % 3) {
+      case 0:  // let them finish (or stop early) on their own
+        break;
+      case 1:  // the next epoch starts while they read
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+        p->cancel();
+        break;
+      default:
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+        if (it + 1 == iterations) e.reset();  // the engine goes while they read
+        break;
+    }
+    if (!e) {
+      for (auto& t : consumers) t.join();
+      break;
+    }
+    // Starting the next epoch cancels this one: consumers still reading get "cancelled".
+    if (rng() % 2) {
+      auto next = e->start(make_plans(c, {0, 1, 2}, 9));
+      for (auto& t : consumers) t.join();
+      next->cancel();
+    } else {
+      for (auto& t : consumers) t.join();
+    }
+  }
+  std::printf("    (%lld batches checked, %lld consumers cancelled)\n",
+              static_cast<long long>(batches.load()), static_cast<long long>(cancels.load()));
+  CHECK(batches.load() > 0);
 }
 
 // ================================================================ fork
