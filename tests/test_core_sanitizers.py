@@ -16,4 +16,5 @@ SCRIPT = pathlib.Path(__file__).parent / "cpp" / "run_sanitizers.sh"
 def test_core_under_sanitizers():
     result = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    assert " 0 failed" in result.stdout
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.endswith(" 0 failed") and not last.startswith("0 passed"), last

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 # Small enough to finish in a few seconds anywhere (most of it is importing torch).
-SMALL = ["--samples", "3000", "--features", "16", "--batch-size", "64", "--hidden", "32", "--no-progress"]
+SMALL = ["--samples", "3000", "--features", "16", "--batch-size", "64", "--hidden", "32", "--lr", "0.01",
+         "--no-progress"]
 TINY = [*SMALL, "--steps", "30", "--log-every", "10"]
 SUMMARY = [r"fastload summary: 30 steps, 1,920 samples", r"throughput +[\d,]+ samples/s",
            r"data wait +[\d.]+% of step time", r"loss +[\d.]+ -> [\d.]+", r"dataset +3,000 x 16 float16",
@@ -43,14 +44,12 @@ def test_main_runs_and_prints_the_summary(tmp_path: Path) -> None:
     assert sorted(p.name for p in data.iterdir()) == ["demo_features.npy", "demo_labels.npy", "demo_meta.json"]
 
 
-def test_help_and_bad_arguments() -> None:
+def test_help_documents_the_options() -> None:
     helped = run_main("--help")
     assert helped.returncode == 0
     for option in ("--samples", "--features", "--data-dir", "--steps", "--threads", "--prefetch",
-                   "--batch-size", "--device", "--sync", "--no-progress"):
+                   "--batch-size", "--device", "--sync", "--no-progress", "--log-every"):
         assert option in helped.stdout
-    bad = run_main("--steps", "0")
-    assert bad.returncode == 2 and "--steps" in bad.stderr
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="needs POSIX signals")

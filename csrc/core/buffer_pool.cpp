@@ -76,6 +76,20 @@ void BufferPool::left_pipeline() {
   --in_pipeline_;
 }
 
+void BufferPool::set_keep(int64_t keep) {
+  std::vector<std::byte*> excess;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    keep_ = keep;
+    while (!free_.empty() && static_cast<int64_t>(free_.size()) + in_pipeline_ > keep_) {
+      excess.push_back(free_.back());
+      free_.pop_back();
+      --live_;
+    }
+  }
+  for (std::byte* p : excess) allocator_->deallocate(p, buffer_bytes_);
+}
+
 void BufferPool::give_back(std::byte* data) noexcept {
   // In a forked child the parent's threads may have held this mutex: leak instead of locking.
   if (fork_generation() != fork_generation_) return;

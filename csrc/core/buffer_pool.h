@@ -43,6 +43,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // An acquired buffer left the pipeline (handed to the user, or dropped by a cancelled epoch):
   // it no longer counts against `keep` while it lives.
   void left_pipeline();
+  // Changes `keep` (an epoch with more outputs has more batches in flight); frees spares beyond it.
+  void set_keep(int64_t keep);
 
   size_t buffer_bytes() const { return buffer_bytes_; }
   int64_t allocations() const;  // buffers allocated so far (for tests and stats)
@@ -53,7 +55,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   void give_back(std::byte* data) noexcept;
 
   const size_t buffer_bytes_;
-  const int64_t keep_;
+  int64_t keep_;  // guarded by mutex_
   const uint64_t fork_generation_;
   std::shared_ptr<HostAllocator> allocator_;
   mutable std::mutex mutex_;

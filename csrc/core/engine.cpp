@@ -55,6 +55,8 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<EpochPlan> plans, int64_t fa
   std::lock_guard<std::mutex> lock(mutex_);
   if (!threads_) throw std::runtime_error("this Loader is closed");
   stop_current();
+  // Each output has up to `prefetch` batches in flight; keep one recycled spare besides.
+  pool_->set_keep(options_.prefetch * static_cast<int64_t>(plans.size()) + 1);
   auto pipeline = std::make_shared<Pipeline>(layout_, std::move(plans), options_.prefetch, pool_,
                                              fail_at_step);
   current_ = pipeline;

@@ -29,12 +29,13 @@ inline uint64_t feistel(uint64_t x, int right_bits, uint32_t left_mask, uint32_t
   return (static_cast<uint64_t>(left) << right_bits) | right;
 }
 
-// The branch-free first pass over a batch of positions; cloned for AVX2 (8 lanes of 32-bit
-// multiplies) with a portable fallback chosen at load time.
-__attribute__((target_clones("avx2", "default")))
-void forward_batch(uint64_t first, int64_t count, int right_bits, uint32_t left_mask,
-                   uint32_t right_mask, const uint32_t* __restrict keys,
-                   int64_t* __restrict out) {
+// The branch-free first pass over a batch of positions. The body is compiled twice, for AVX2
+// (8 lanes of 32-bit multiplies) and for the baseline, and chosen at run time. An explicit check
+// rather than target_clones: its ifunc resolver runs before sanitizer runtimes start and crashes
+// instrumented builds.
+__attribute__((always_inline)) inline void forward_batch_body(
+    uint64_t first, int64_t count, int right_bits, uint32_t left_mask, uint32_t right_mask,
+    const uint32_t* __restrict keys, int64_t* __restrict out) {
   const uint32_t k0 = keys[0], k1 = keys[1], k2 = keys[2], k3 = keys[3], k4 = keys[4],
                  k5 = keys[5];
   for (int64_t i = 0; i < count; ++i) {
@@ -49,6 +50,28 @@ void forward_batch(uint64_t first, int64_t count, int right_bits, uint32_t left_
     right ^= mix32(left ^ k5) & right_mask;
     out[i] = static_cast<int64_t>((static_cast<uint64_t>(left) << right_bits) | right);
   }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void forward_batch_avx2(uint64_t first, int64_t count,
+                                                        int right_bits, uint32_t left_mask,
+                                                        uint32_t right_mask, const uint32_t* keys,
+                                                        int64_t* out) {
+  forward_batch_body(first, count, right_bits, left_mask, right_mask, keys, out);
+}
+#endif
+
+void forward_batch(uint64_t first, int64_t count, int right_bits, uint32_t left_mask,
+                   uint32_t right_mask, const uint32_t* keys, int64_t* out) {
+#if defined(__x86_64__)
+  static const bool has_avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  if (has_avx2)
+    return forward_batch_avx2(first, count, right_bits, left_mask, right_mask, keys, out);
+#endif
+  forward_batch_body(first, count, right_bits, left_mask, right_mask, keys, out);
 }
 static_assert(Permutation::kRounds == 6, "forward_batch unrolls six rounds");
 }  // namespace

@@ -42,6 +42,7 @@ void SamplerConfig::validate() const {
 Ordering::Ordering(const SamplerConfig& cfg, int64_t epoch)
     : n_(cfg.num_samples), shuffle_(cfg.shuffle), order_(cfg.order), seed_(cfg.seed),
       epoch_(static_cast<uint64_t>(epoch)) {
+  cfg.validate();  // before anything divides by the block size or the sample count
   if (!shuffle_) return;
   if (order_ == Order::Random) {
     perm_ = Permutation(n_, seed_, mix64(epoch_));

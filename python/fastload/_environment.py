@@ -83,4 +83,4 @@ def resolve_device(device: Any) -> torch.device:
         return torch.device("cuda", index)
     if dev.type != "cpu":
         raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
-    return dev
+    return torch.device("cpu")  # "cpu:0" is the same place
