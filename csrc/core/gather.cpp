@@ -1,5 +1,6 @@
 // The gather hot loop. Random rows miss the cache, so the loop prefetches rows a few ids ahead
-// (memory-level parallelism) and copies small fixed sizes with inlined moves instead of calls.
+// (memory-level parallelism), the batch's first rows before it starts, and copies common fixed
+// sizes with inlined moves instead of calls.
 #include "core/gather.h"
 
 #include <cstring>
@@ -7,7 +8,7 @@
 namespace fastload {
 
 namespace {
-constexpr int64_t kPrefetchAhead = 8;
+constexpr int64_t kPrefetchAhead = 16;
 constexpr int64_t kLine = 64;
 
 inline void prefetch_row(const std::byte* p, int64_t bytes) {
@@ -20,6 +21,7 @@ template <int64_t kBytes>
 void gather_fixed(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
   const std::byte* base = col.base;
   const int64_t pitch = col.pitch;
+  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(base + ids[i] * pitch, kBytes);
   for (int64_t i = 0; i < count; ++i) {
     if (i + kPrefetchAhead < count) prefetch_row(base + ids[i + kPrefetchAhead] * pitch, kBytes);
     std::memcpy(dst + i * kBytes, base + ids[i] * pitch, kBytes);
@@ -29,6 +31,7 @@ void gather_fixed(const ColumnSpec& col, const int64_t* ids, int64_t count, std:
 void gather_any(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
   const std::byte* base = col.base;
   const int64_t pitch = col.pitch, bytes = col.row_bytes;
+  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(base + ids[i] * pitch, bytes);
   for (int64_t i = 0; i < count; ++i) {
     if (i + kPrefetchAhead < count) prefetch_row(base + ids[i + kPrefetchAhead] * pitch, bytes);
     std::memcpy(dst + i * bytes, base + ids[i] * pitch, static_cast<size_t>(bytes));
@@ -47,6 +50,9 @@ void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::
     case 64: return gather_fixed<64>(col, ids, count, dst);
     case 128: return gather_fixed<128>(col, ids, count, dst);
     case 256: return gather_fixed<256>(col, ids, count, dst);
+    case 512: return gather_fixed<512>(col, ids, count, dst);
+    case 1024: return gather_fixed<1024>(col, ids, count, dst);
+    case 2048: return gather_fixed<2048>(col, ids, count, dst);
     default: return gather_any(col, ids, count, dst);
   }
 }

@@ -29,51 +29,73 @@ inline uint64_t feistel(uint64_t x, int right_bits, uint32_t left_mask, uint32_t
   return (static_cast<uint64_t>(left) << right_bits) | right;
 }
 
-// The branch-free first pass over a batch of positions. The body is compiled twice, for AVX2
-// (8 lanes of 32-bit multiplies) and for the baseline, and chosen at run time. An explicit check
-// rather than target_clones: its ifunc resolver runs before sanitizer runtimes start and crashes
-// instrumented builds.
-__attribute__((always_inline)) inline void forward_batch_body(
-    uint64_t first, int64_t count, int right_bits, uint32_t left_mask, uint32_t right_mask,
-    const uint32_t* __restrict keys, int64_t* __restrict out) {
-  const uint32_t k0 = keys[0], k1 = keys[1], k2 = keys[2], k3 = keys[3], k4 = keys[4],
-                 k5 = keys[5];
-  for (int64_t i = 0; i < count; ++i) {
-    const uint64_t x = first + static_cast<uint64_t>(i);
-    uint32_t left = static_cast<uint32_t>(x >> right_bits);
-    uint32_t right = static_cast<uint32_t>(x) & right_mask;
-    left ^= mix32(right ^ k0) & left_mask;
-    right ^= mix32(left ^ k1) & right_mask;
-    left ^= mix32(right ^ k2) & left_mask;
-    right ^= mix32(left ^ k3) & right_mask;
-    left ^= mix32(right ^ k4) & left_mask;
-    right ^= mix32(left ^ k5) & right_mask;
-    out[i] = static_cast<int64_t>((static_cast<uint64_t>(left) << right_bits) | right);
-  }
+// The batch loops have no data-dependent branch, so they vectorise. Each body is compiled twice,
+// for AVX2 (8 lanes of 32-bit multiplies) and for the baseline, and chosen at run time: an
+// explicit check rather than target_clones, whose ifunc resolver runs before sanitizer runtimes
+// start and crashes instrumented builds.
+struct Network {
+  int right_bits;
+  uint32_t left_mask, right_mask;
+  uint32_t k0, k1, k2, k3, k4, k5;
+};
+
+__attribute__((always_inline)) inline uint64_t network_forward(const Network& f, uint64_t x) {
+  uint32_t left = static_cast<uint32_t>(x >> f.right_bits);
+  uint32_t right = static_cast<uint32_t>(x) & f.right_mask;
+  left ^= mix32(right ^ f.k0) & f.left_mask;
+  right ^= mix32(left ^ f.k1) & f.right_mask;
+  left ^= mix32(right ^ f.k2) & f.left_mask;
+  right ^= mix32(left ^ f.k3) & f.right_mask;
+  left ^= mix32(right ^ f.k4) & f.left_mask;
+  right ^= mix32(left ^ f.k5) & f.right_mask;
+  return (static_cast<uint64_t>(left) << f.right_bits) | right;
+}
+
+// out[i] = forward(first + i)
+__attribute__((always_inline)) inline void forward_range_body(const Network f, uint64_t first,
+                                                              int64_t count,
+                                                              int64_t* __restrict out) {
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = static_cast<int64_t>(network_forward(f, first + static_cast<uint64_t>(i)));
+}
+
+// values[i] = forward(values[i])
+__attribute__((always_inline)) inline void forward_values_body(const Network f, int64_t count,
+                                                               uint64_t* __restrict values) {
+  for (int64_t i = 0; i < count; ++i) values[i] = network_forward(f, values[i]);
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) void forward_batch_avx2(uint64_t first, int64_t count,
-                                                        int right_bits, uint32_t left_mask,
-                                                        uint32_t right_mask, const uint32_t* keys,
-                                                        int64_t* out) {
-  forward_batch_body(first, count, right_bits, left_mask, right_mask, keys, out);
+__attribute__((target("avx2"))) void forward_range_avx2(const Network& f, uint64_t first,
+                                                        int64_t count, int64_t* out) {
+  forward_range_body(f, first, count, out);
 }
-#endif
-
-void forward_batch(uint64_t first, int64_t count, int right_bits, uint32_t left_mask,
-                   uint32_t right_mask, const uint32_t* keys, int64_t* out) {
-#if defined(__x86_64__)
-  static const bool has_avx2 = [] {
+__attribute__((target("avx2"))) void forward_values_avx2(const Network& f, int64_t count,
+                                                         uint64_t* values) {
+  forward_values_body(f, count, values);
+}
+bool cpu_has_avx2() {
+  static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
   }();
-  if (has_avx2)
-    return forward_batch_avx2(first, count, right_bits, left_mask, right_mask, keys, out);
-#endif
-  forward_batch_body(first, count, right_bits, left_mask, right_mask, keys, out);
+  return has;
 }
-static_assert(Permutation::kRounds == 6, "forward_batch unrolls six rounds");
+#endif
+
+void forward_range(const Network& f, uint64_t first, int64_t count, int64_t* out) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return forward_range_avx2(f, first, count, out);
+#endif
+  forward_range_body(f, first, count, out);
+}
+
+void forward_values(const Network& f, int64_t count, uint64_t* values) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return forward_values_avx2(f, count, values);
+#endif
+  forward_values_body(f, count, values);
+}
 }  // namespace
 
 Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t stream) : n_(n) {
@@ -109,13 +131,37 @@ uint64_t Permutation::inverse(uint64_t value) const {
 }
 
 void Permutation::fill(uint64_t first, int64_t count, int64_t* out) const {
-  // 2^bits < 2n, so fewer than half the values need walking; walk them one by one afterwards.
-  forward_batch(first, count, right_bits_, left_mask_, right_mask_, keys_, out);
-  for (int64_t i = 0; i < count; ++i) {
-    uint64_t x = static_cast<uint64_t>(out[i]);
-    if (x < n_) continue;
-    do x = forward(x); while (x >= n_);
-    out[i] = static_cast<int64_t>(x);
+  static_assert(kRounds == 6, "network_forward unrolls six rounds");
+  const Network f{right_bits_, left_mask_, right_mask_, keys_[0], keys_[1],
+                  keys_[2],    keys_[3],   keys_[4],    keys_[5]};
+  // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
+  // vectorised passes over a compacted list, each pass leaving fewer than half behind again.
+  constexpr int64_t kChunk = 256;
+  uint64_t values[kChunk];
+  int64_t where[kChunk];
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const int64_t len = count - begin < kChunk ? count - begin : kChunk;
+    int64_t* chunk = out + begin;
+    forward_range(f, first + static_cast<uint64_t>(begin), len, chunk);
+    // Branch-free compaction: whether a value is outside [0, n) is a coin flip for the branch
+    // predictor. A value still outside is written back too, and overwritten once it lands.
+    int64_t pending = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      values[pending] = static_cast<uint64_t>(chunk[i]);
+      where[pending] = i;
+      pending += static_cast<uint64_t>(chunk[i]) >= n_;
+    }
+    while (pending > 0) {
+      forward_values(f, pending, values);
+      int64_t still = 0;
+      for (int64_t j = 0; j < pending; ++j) {
+        chunk[where[j]] = static_cast<int64_t>(values[j]);
+        values[still] = values[j];
+        where[still] = where[j];
+        still += values[j] >= n_;
+      }
+      pending = still;
+    }
   }
 }
 

@@ -29,7 +29,8 @@ BatchLayout::BatchLayout(std::vector<ColumnSpec> cols, bool index, bool valid, i
 
 Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<EpochPlan> plans,
                    int64_t prefetch, std::shared_ptr<BufferPool> pool, int64_t fail_at_step)
-    : layout_(std::move(layout)), prefetch_(prefetch), pool_(std::move(pool)),
+    : layout_(std::move(layout)), prefetch_(prefetch),
+      wake_batch_(prefetch / 2 > 1 ? prefetch / 2 : 1), pool_(std::move(pool)),
       fail_at_step_(fail_at_step), fork_generation_(fork_generation()) {
   if (prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " + std::to_string(prefetch));
@@ -78,6 +79,16 @@ bool Pipeline::claim(int* output, int64_t* step) {
   if (best < 0) return false;
   *output = best;
   *step = outputs_[best]->next_claim++;
+  return true;
+}
+
+bool Pipeline::worth_waking(const Output& o) const {
+  const int64_t remaining = o.plan.num_batches() - o.consumed;
+  const int64_t wanted = remaining < wake_batch_ ? remaining : wake_batch_;
+  for (int64_t i = 0; i < wanted; ++i) {
+    const Slot& s = o.slots[static_cast<size_t>((o.consumed + i) % prefetch_)];
+    if (!s.ready || s.step != o.consumed + i) return false;
+  }
   return true;
 }
 
@@ -140,7 +151,7 @@ void Pipeline::work() {
     slot.step = step;
     slot.ready = true;
     slot.batch = std::move(batch);
-    o.ready_cv.notify_one();
+    if (o.consumer_waiting && worth_waking(o)) o.ready_cv.notify_one();
   }
 }
 
@@ -152,9 +163,11 @@ NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* 
   if (!error_.empty()) throw std::runtime_error(error_);
   if (o.consumed >= o.plan.num_batches()) return NextStatus::End;
   Slot& slot = o.slots[static_cast<size_t>(o.consumed % prefetch_)];
+  o.consumer_waiting = true;
   const bool arrived = o.ready_cv.wait_for(lock, timeout, [&] {
     return cancelled_ || !error_.empty() || (slot.ready && slot.step == o.consumed);
   });
+  o.consumer_waiting = false;
   if (!error_.empty()) throw std::runtime_error(error_);
   if (cancelled_) throw std::runtime_error("this epoch's batches were cancelled");
   if (!arrived) return NextStatus::Timeout;

@@ -67,16 +67,21 @@ class Pipeline {
     EpochPlan plan;
     int64_t next_claim = 0;
     int64_t consumed = 0;
+    bool consumer_waiting = false;
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
     explicit Output(EpochPlan p) : plan(std::move(p)) {}
   };
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing is left to claim
+  bool worth_waking(const Output& o) const;  // under mutex_
   void build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch);
 
   std::shared_ptr<const BatchLayout> layout_;
   const int64_t prefetch_;
+  // A waiting consumer is woken once this many batches are ready in a row, and then takes them
+  // without sleeping: one sleep and wake-up per several batches instead of per batch.
+  const int64_t wake_batch_;
   std::shared_ptr<BufferPool> pool_;
   const int64_t fail_at_step_;
   const uint64_t fork_generation_;  // a forked child must not take mutex_ (see fork_guard.h)
