@@ -374,12 +374,15 @@ def run_ceiling(w: Workload, mm: np.ndarray, warmup: float, seconds: float,
 
 
 def run_fastload_tuned(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> Measurement:
-    """The README's tuning for small batches: a deeper window, so each wake-up of the consumer
-    takes prefetch/2 batches (a wake-up costs ~5-10 us here, a small batch ~20 us to build)."""
-    return run_fastload(w, mm, warmup, seconds, prefetch=TUNED_PREFETCH)
+    """The README's tuning rule: batches under ~1 MB get a deeper window, so each wake-up of the
+    consumer takes prefetch/2 batches (a wake-up costs ~5-10 us here, a small batch ~20 us to
+    build); larger batches keep the default, as more of them in flight would outgrow the caches."""
+    small = w.row_bytes * w.batch < TUNED_BELOW_BYTES
+    return run_fastload(w, mm, warmup, seconds, prefetch=TUNED_PREFETCH if small else 4)
 
 
 TUNED_PREFETCH = 16
+TUNED_BELOW_BYTES = 1 << 20
 ALTERNATIVES = (("ceiling", run_ceiling), ("fastload", run_fastload), ("fastload16", run_fastload_tuned),
                 ("numpy", run_numpy), ("dataloader", run_dataloader))
 
@@ -561,7 +564,7 @@ def main() -> None:
         del mm
 
     print("\n## Throughput (best round)\n")
-    print(f"| workload | fastload (prefetch 4, default) | fastload (prefetch {TUNED_PREFETCH}) | numpy 1 thread | "
+    print(f"| workload | fastload (prefetch 4, default) | fastload (tuned: prefetch {TUNED_PREFETCH} below 1 MB batches) | numpy 1 thread | "
           "torch DataLoader | C++ ceiling | fastload/ceiling (default, tuned) | fastload/DataLoader (default, tuned) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for w, r in table:
@@ -575,7 +578,7 @@ def main() -> None:
     # CPU time per sample depends far less than throughput on how much of the machine others
     # took, so it shows each loader's own cost even when the machine is shared.
     print("\n## CPU time per sample (median round; all threads and worker processes)\n")
-    print(f"| workload | fastload | fastload (prefetch {TUNED_PREFETCH}) | numpy 1 thread | torch DataLoader | "
+    print(f"| workload | fastload | fastload (tuned) | numpy 1 thread | torch DataLoader | "
           "C++ ceiling | ceiling/fastload CPU | other processes' load (cores, mean) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for w, r in table:
@@ -592,7 +595,7 @@ def main() -> None:
     print(f"\n## Bar (>= {BAR_CEILING:g}x ceiling; >= 20x DataLoader, 10x on 150 KiB rows)\n")
     for w, r in table:
         verdicts = []
-        for mine, name in (("fastload", "default"), ("fastload16", f"prefetch {TUNED_PREFETCH}")):
+        for mine, name in (("fastload", "default"), ("fastload16", "tuned")):
             for what, other, bar in (("ceiling", "ceiling", BAR_CEILING),
                                      ("DataLoader", "dataloader", bar_dataloader(w.row_bytes))):
                 x = ratio(r[mine], r[other])

@@ -203,3 +203,13 @@ def test_zero_width_rows():
     loader = fl.Loader(fl.Dataset({"e": np.zeros((10, 0), np.float32), "x": np.arange(10)}), batch_size=4)
     shapes = [tuple(b["e"].shape) for b in loader]
     assert shapes == [(4, 0), (4, 0), (2, 0)]
+
+
+@pytest.mark.parametrize("row_bytes", [16 * 1024, 16 * 1024 + 7, 150 * 1024, 40_001])
+def test_large_rows_take_the_streaming_copy_and_match(rng, row_bytes):
+    # Odd sizes leave destinations unaligned, exercising the head and tail of the streaming copy.
+    x = rng.integers(0, 255, (64, row_bytes), dtype=np.uint8)
+    loader = fl.Loader(fl.Dataset({"x": x, "y": np.arange(64)}), batch_size=5, shuffle=True, with_index=True)
+    for batch in loader:
+        np.testing.assert_array_equal(batch["x"].numpy(), x[batch["index"].numpy()])
+        np.testing.assert_array_equal(batch["y"].numpy(), batch["index"].numpy())

@@ -4,6 +4,9 @@
 #include "core/gather.h"
 
 #include <cstring>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 namespace fastload {
 
@@ -27,6 +30,41 @@ void gather_fixed(const ColumnSpec& col, const int64_t* ids, int64_t count, std:
     std::memcpy(dst + i * kBytes, base + ids[i] * pitch, kBytes);
   }
 }
+
+#if defined(__x86_64__)
+// Large rows fill batch buffers bigger than the caches, and several are in flight: ordinary
+// stores would first read every destination line (read-for-ownership) and evict the source
+// rows. Streaming stores write around the cache.
+constexpr int64_t kStreamingRowBytes = 16 * 1024;
+
+void copy_streaming(std::byte* dst, const std::byte* src, int64_t bytes) {
+  const int64_t head = static_cast<int64_t>((16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, static_cast<size_t>(head));
+  int64_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, static_cast<size_t>(bytes - i));
+}
+
+void gather_streaming(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
+  const std::byte* base = col.base;
+  const int64_t pitch = col.pitch, bytes = col.row_bytes;
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + 1 < count) prefetch_row(base + ids[i + 1] * pitch, bytes);
+    copy_streaming(dst + i * bytes, base + ids[i] * pitch, bytes);
+  }
+  // Streaming stores are weakly ordered: make them visible before the batch is published.
+  _mm_sfence();
+}
+#endif
 
 void gather_any(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
   const std::byte* base = col.base;
@@ -53,7 +91,11 @@ void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::
     case 512: return gather_fixed<512>(col, ids, count, dst);
     case 1024: return gather_fixed<1024>(col, ids, count, dst);
     case 2048: return gather_fixed<2048>(col, ids, count, dst);
-    default: return gather_any(col, ids, count, dst);
+    default:
+#if defined(__x86_64__)
+      if (col.row_bytes >= kStreamingRowBytes) return gather_streaming(col, ids, count, dst);
+#endif
+      return gather_any(col, ids, count, dst);
   }
 }
 
