@@ -12,27 +12,13 @@ int ceil_log2(uint64_t n) {
 
 uint32_t low_mask(int bits) { return bits >= 32 ? ~uint32_t{0} : ((uint32_t{1} << bits) - 1); }
 
-// One network evaluation. Each round xors one half with a keyed hash of the other, so each
-// round is its own inverse and the network is a bijection for any split of the bits. Free
-// function over plain values so the batch loop below can be vectorised.
-inline uint64_t feistel(uint64_t x, int right_bits, uint32_t left_mask, uint32_t right_mask,
-                        const uint32_t* keys, int rounds, bool reverse) {
-  uint32_t left = static_cast<uint32_t>(x >> right_bits);
-  uint32_t right = static_cast<uint32_t>(x) & right_mask;
-  for (int i = 0; i < rounds; ++i) {
-    const int r = reverse ? rounds - 1 - i : i;
-    if (r & 1)
-      right ^= mix32(left ^ keys[r]) & right_mask;
-    else
-      left ^= mix32(right ^ keys[r]) & left_mask;
-  }
-  return (static_cast<uint64_t>(left) << right_bits) | right;
-}
-
 // The batch loops have no data-dependent branch, so they vectorise. Each body is compiled twice,
 // for AVX2 (8 lanes of 32-bit multiplies) and for the baseline, and chosen at run time: an
 // explicit check rather than target_clones, whose ifunc resolver runs before sanitizer runtimes
 // start and crashes instrumented builds.
+//
+// Each round xors one half with a keyed hash of the other, so each round is its own inverse and
+// the network is a bijection for any split of the bits.
 struct Network {
   int right_bits;
   uint32_t left_mask, right_mask;
@@ -48,6 +34,19 @@ __attribute__((always_inline)) inline uint64_t network_forward(const Network& f,
   right ^= mix32(left ^ f.k3) & f.right_mask;
   left ^= mix32(right ^ f.k4) & f.left_mask;
   right ^= mix32(left ^ f.k5) & f.right_mask;
+  return (static_cast<uint64_t>(left) << f.right_bits) | right;
+}
+
+// The rounds of network_forward in reverse order.
+inline uint64_t network_backward(const Network& f, uint64_t x) {
+  uint32_t left = static_cast<uint32_t>(x >> f.right_bits);
+  uint32_t right = static_cast<uint32_t>(x) & f.right_mask;
+  right ^= mix32(left ^ f.k5) & f.right_mask;
+  left ^= mix32(right ^ f.k4) & f.left_mask;
+  right ^= mix32(left ^ f.k3) & f.right_mask;
+  left ^= mix32(right ^ f.k2) & f.left_mask;
+  right ^= mix32(left ^ f.k1) & f.right_mask;
+  left ^= mix32(right ^ f.k0) & f.left_mask;
   return (static_cast<uint64_t>(left) << f.right_bits) | right;
 }
 
@@ -110,12 +109,19 @@ Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t stream) : n_(n) {
   }
 }
 
+namespace {
+static_assert(Permutation::kRounds == 6, "Network unrolls six rounds");
+Network network_of(int right_bits, uint32_t left_mask, uint32_t right_mask, const uint32_t* k) {
+  return {right_bits, left_mask, right_mask, k[0], k[1], k[2], k[3], k[4], k[5]};
+}
+}  // namespace
+
 uint64_t Permutation::forward(uint64_t x) const {
-  return feistel(x, right_bits_, left_mask_, right_mask_, keys_, kRounds, false);
+  return network_forward(network_of(right_bits_, left_mask_, right_mask_, keys_), x);
 }
 
 uint64_t Permutation::backward(uint64_t x) const {
-  return feistel(x, right_bits_, left_mask_, right_mask_, keys_, kRounds, true);
+  return network_backward(network_of(right_bits_, left_mask_, right_mask_, keys_), x);
 }
 
 uint64_t Permutation::operator()(uint64_t position) const {
@@ -131,9 +137,7 @@ uint64_t Permutation::inverse(uint64_t value) const {
 }
 
 void Permutation::fill(uint64_t first, int64_t count, int64_t* out) const {
-  static_assert(kRounds == 6, "network_forward unrolls six rounds");
-  const Network f{right_bits_, left_mask_, right_mask_, keys_[0], keys_[1],
-                  keys_[2],    keys_[3],   keys_[4],    keys_[5]};
+  const Network f = network_of(right_bits_, left_mask_, right_mask_, keys_);
   // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
   // vectorised passes over a compacted list, each pass leaving fewer than half behind again.
   constexpr int64_t kChunk = 256;

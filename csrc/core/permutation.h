@@ -19,7 +19,7 @@ class Permutation {
   // out[i] = P[first + i] for i < count: the batch-sized hot loop.
   void fill(uint64_t first, int64_t count, int64_t* out) const;
 
-  static constexpr int kRounds = 6;  // forward_batch in permutation.cpp unrolls exactly these
+  static constexpr int kRounds = 6;  // Network in permutation.cpp unrolls exactly these
 
  private:
   uint64_t forward(uint64_t x) const;
