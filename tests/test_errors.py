@@ -108,3 +108,27 @@ def test_gpu_tensor_columns_are_refused_when_present():
         pytest.skip("needs a CUDA GPU")
     with pytest.raises(ValueError, match="must be a CPU tensor"):
         fl.Dataset({"x": torch.zeros(3, device="cuda")})
+
+
+def test_lazy_conjugate_and_negative_views_are_refused():
+    z = torch.tensor([1 + 2j, 3 + 4j])
+    with pytest.raises(ValueError, match="lazily conjugated or negated"):
+        fl.Dataset({"z": z.conj()})
+    with pytest.raises(ValueError, match="lazily conjugated or negated"):
+        fl.Dataset({"z": z.conj().imag})
+
+
+@pytest.mark.parametrize("array", [
+    np.zeros(4, dtype=np.longdouble),
+    np.zeros(4, dtype=np.clongdouble),
+    torch.zeros(4, dtype=torch.float8_e4m3fn),
+])
+def test_dtypes_torch_cannot_take_are_refused_at_construction(array):
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        fl.Dataset({"x": array})
+
+
+def test_a_huge_batch_size_over_a_small_dataset_allocates_only_what_a_batch_can_hold():
+    loader = fl.Loader(DS, batch_size=2**40)
+    assert [len(b["x"]) for b in loader] == [10]
+    assert loader._engine.stats()["buffer_bytes"] < 4096 * 2

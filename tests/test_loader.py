@@ -213,3 +213,21 @@ def test_large_rows_take_the_streaming_copy_and_match(rng, row_bytes):
     for batch in loader:
         np.testing.assert_array_equal(batch["x"].numpy(), x[batch["index"].numpy()])
         np.testing.assert_array_equal(batch["y"].numpy(), batch["index"].numpy())
+
+
+def test_abandoned_epochs_give_their_buffers_back(rng):
+    # Iterators kept alive after a new iter() must not pin their prefetched buffers.
+    prefetch = 3
+    loader = fl.Loader(fl.Dataset({"x": rng.standard_normal((5000, 32)).astype(np.float32)}), batch_size=50,
+                       shuffle=True, prefetch=prefetch)
+    abandoned = []
+    for _ in range(6):
+        it = iter(loader)
+        next(it)
+        abandoned.append(it)
+    gc.collect()
+    stats = loader._engine.stats()
+    # The pool side holds at most prefetch+1; the 6 batches taken (dropped) are back or freed.
+    assert stats["live_buffers"] <= prefetch + 1, stats
+    assert stats["allocations"] <= prefetch + 3, stats
+

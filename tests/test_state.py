@@ -114,3 +114,17 @@ def test_resume_adopts_the_saved_seed():
     resumed.load_state_dict(run.state_dict())
     ref = make(seed=11)
     assert np.array_equal(np.concatenate(ids(resumed)), np.concatenate(ids(ref))[32:])
+
+
+def test_state_values_are_checked_and_numpy_integers_accepted():
+    run = make()
+    it = iter(run)
+    next(it)
+    state = run.state_dict()
+    with pytest.raises(ValueError, match=r"state\['seed'\] must be a non-negative integer"):
+        make().load_state_dict({**state, "seed": -5})
+    with pytest.raises(ValueError, match=r"state\['position'\]"):
+        make().load_state_dict({**state, "position": True})
+    resumed = make()
+    resumed.load_state_dict({**state, "position": np.int64(state["position"]), "epoch": np.int64(0)})
+    assert len(list(resumed)) == len(run) - 1

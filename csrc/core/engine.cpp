@@ -47,6 +47,7 @@ void Engine::stop_current() {
   if (!current_) return;
   current_->cancel();
   threads_->wait_idle();
+  current_->release_unconsumed();  // reusable by the next epoch, even if Python keeps the old one
   current_.reset();
 }
 

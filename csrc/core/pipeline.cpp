@@ -62,6 +62,23 @@ void Pipeline::cancel() {
   for (auto& out : outputs_) out->ready_cv.notify_all();
 }
 
+void Pipeline::release_unconsumed() {
+  if (fork_generation() != fork_generation_) return;
+  std::vector<std::shared_ptr<HostBuffer>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& out : outputs_)
+      for (Slot& s : out->slots)
+        if (s.batch.buffer) {
+          pool_->left_pipeline();
+          dropped.push_back(std::move(s.batch.buffer));
+          s.ready = false;
+          s.step = -1;
+        }
+  }
+  // `dropped` returns the buffers to the pool here, outside mutex_.
+}
+
 int64_t Pipeline::handed_out(int output) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return outputs_[output]->consumed;
@@ -83,8 +100,10 @@ bool Pipeline::claim(int* output, int64_t* step) {
 }
 
 bool Pipeline::worth_waking(const Output& o) const {
-  const int64_t remaining = o.plan.num_batches() - o.consumed;
-  const int64_t wanted = remaining < wake_batch_ ? remaining : wake_batch_;
+  // Never more than is already claimed: the first batch of an epoch (or after a stall) is not
+  // held back for batches nobody is building yet.
+  const int64_t wanted =
+      std::min({o.plan.num_batches() - o.consumed, wake_batch_, o.next_claim - o.consumed});
   for (int64_t i = 0; i < wanted; ++i) {
     const Slot& s = o.slots[static_cast<size_t>((o.consumed + i) % prefetch_)];
     if (!s.ready || s.step != o.consumed + i) return false;
@@ -111,7 +130,19 @@ void Pipeline::build(int output, int64_t step, std::vector<int64_t>& ids_scratch
 }
 
 void Pipeline::work() {
-  std::vector<int64_t> ids_scratch(static_cast<size_t>(layout_->max_rows));
+  std::vector<int64_t> ids_scratch;
+  try {
+    // Only needed when the ids are not written into the batch buffer itself.
+    if (!layout_->with_index) ids_scratch.resize(static_cast<size_t>(layout_->max_rows));
+  } catch (const std::exception& e) {
+    // An exception escaping a pool thread would std::terminate the process: report it instead.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_.empty())
+      error_ = std::string("fastload collation thread could not allocate its id scratch: ") + e.what();
+    work_cv_.notify_all();
+    for (auto& out : outputs_) out->ready_cv.notify_all();
+    return;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     int output;

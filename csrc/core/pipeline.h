@@ -47,6 +47,9 @@ class Pipeline {
   void work();
   // Stops the workers soon; batches already handed out stay valid.
   void cancel();
+  // After cancel() and once no worker runs any more: built batches nobody can take now (next()
+  // throws after cancel) go back to the pool, instead of when the last Python reference dies.
+  void release_unconsumed();
 
   // The consumer side: the next batch of `output` in order. Returns End after the last batch,
   // Timeout if none arrived in time (so the caller can check for signals), and throws

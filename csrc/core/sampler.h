@@ -67,7 +67,7 @@ class EpochPlan {
   int64_t start_position() const { return start_; }
   int64_t end_position() const { return end_; }        // length of the epoch's sequence
   int64_t global_batch() const { return global_batch_; }
-  int64_t max_batch_rows() const { return cfg_.batch_size; }
+  int64_t max_batch_rows() const { return full_steps_ > 0 ? cfg_.batch_size : tail_share_; }
   // Global position after this rank has handed out k batches (the resume point).
   int64_t position_after(int64_t batches_done) const;
   BatchSpan batch(int64_t step) const;

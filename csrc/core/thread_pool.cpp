@@ -13,7 +13,18 @@ ThreadPool::ThreadPool(int num_threads) : fork_generation_(fork_generation()) {
     throw std::invalid_argument("num_threads must be positive, got " +
                                 std::to_string(num_threads));
   threads_.reserve(num_threads);
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this, i] { loop(i); });
+  try {
+    for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this, i] { loop(i); });
+  } catch (...) {
+    // A joinable std::thread destroyed by the unwinding would call std::terminate.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw;
+  }
 }
 
 ThreadPool::~ThreadPool() {

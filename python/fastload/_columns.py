@@ -15,6 +15,15 @@ _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX, _DL_BOOL = 0, 1, 2, 4, 5,
 _NUMPY_KIND_TO_DL = {"i": _DL_INT, "u": _DL_UINT, "f": _DL_FLOAT, "c": _DL_COMPLEX, "b": _DL_BOOL}
 
 RESERVED_NAMES = ("index", "valid")
+# Widths torch.from_dlpack accepts for each code (float8, long double, complex256 it rejects).
+_DL_BITS = {_DL_INT: (8, 16, 32, 64), _DL_UINT: (8, 16, 32, 64), _DL_FLOAT: (16, 32, 64),
+            _DL_BFLOAT: (16,), _DL_COMPLEX: (32, 64, 128), _DL_BOOL: (8,)}
+
+
+def _check_bits(what: str, name: str, code: int, bits: int, dtype: Any) -> None:
+    if bits not in _DL_BITS[code]:
+        raise TypeError(f"{what} {name!r} has unsupported dtype {dtype}; fastload takes bool and numeric dtypes "
+                        f"up to 64 bits (128 for complex)")
 
 
 class ColumnSpec(NamedTuple):
@@ -62,6 +71,7 @@ def describe_array(name: str, array: Any, what: str = "column") -> ColumnSpec:
             f"{what} {name!r} has rows that are not contiguous in memory (shape {array.shape}, strides "
             f"{array.strides}); pass np.ascontiguousarray({name}) if a copy is acceptable"
         )
+    _check_bits(what, name, _NUMPY_KIND_TO_DL[dtype.kind], dtype.itemsize * 8, dtype)
     row_shape = tuple(int(s) for s in array.shape[1:])
     row_bytes = int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
     address = array.__array_interface__["data"][0]
@@ -91,6 +101,11 @@ def _describe_tensor(name: str, t: torch.Tensor, what: str) -> ColumnSpec:
     else:
         raise TypeError(f"{what} {name!r} has unsupported dtype {t.dtype}")
     itemsize = t.element_size()
+    _check_bits(what, name, code, itemsize * 8, t.dtype)
+    if t.is_conj() or t.is_neg():
+        # The bytes in memory are not the values: the loader copies bytes.
+        raise ValueError(f"{what} {name!r} is a lazily conjugated or negated view; pass "
+                         f"{name}.resolve_conj().resolve_neg() if a copy is acceptable")
     strides = tuple(s * itemsize for s in t.stride())
     if not _row_is_contiguous(tuple(t.shape), strides, itemsize):
         raise ValueError(

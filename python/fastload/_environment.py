@@ -67,9 +67,14 @@ def default_num_threads() -> int:
 
 def resolve_device(device: Any) -> torch.device:
     if device is None:
-        if torch.cuda.is_available():
-            return torch.device("cuda", _env_int("LOCAL_RANK") or 0)
-        return torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local_rank = _env_int("LOCAL_RANK") or 0
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"device=None picks cuda:LOCAL_RANK, but LOCAL_RANK={local_rank} and only "
+                f"{torch.cuda.device_count()} CUDA device(s) are visible; pass device= explicitly")
+        return torch.device("cuda", local_rank)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):

@@ -131,7 +131,10 @@ class Loader:
         self._order, self._even = order, even
         self._num_threads = threads
         self._names = source.names + (["index"] if self._with_index else []) + (["valid"] if even == "mask" else [])
-        self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], self._batch_size, threads,
+        # No batch holds more than min(batch_size, len(source)) rows (the contract's padding never
+        # makes a rank's batch exceed the dataset), so buffers are sized for that.
+        max_rows = min(self._batch_size, len(source))
+        self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], max_rows, threads,
                                  self._prefetch, self._with_index, even == "mask")
         self._fork_generation = _lifecycle.fork_generation
         self._run: _Run | None = None

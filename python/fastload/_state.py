@@ -1,6 +1,7 @@
 """The resume state: small, versioned, and free of per-sample data."""
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 STATE_VERSION = 1
@@ -45,7 +46,14 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str) -> d
             f"state was saved with shuffle={state['shuffle']}, order={state['order']!r}; this loader has "
             f"shuffle={shuffle}, order={order!r}: the sample order would differ"
         )
-    for key in ("epoch", "position"):
-        if not isinstance(state[key], int) or state[key] < 0:
-            raise ValueError(f"state[{key!r}] must be a non-negative integer, got {state[key]!r}")
-    return state
+    for key, limit in (("epoch", None), ("position", None), ("seed", 2**64)):
+        value = state[key]
+        try:
+            ok = not isinstance(value, bool) and operator.index(value) >= 0
+        except TypeError:
+            ok = False
+        if not ok or (limit is not None and operator.index(value) >= limit):
+            raise ValueError(f"state[{key!r}] must be a non-negative integer"
+                             f"{'' if limit is None else ' below 2**64'}, got {value!r}")
+    return {**state, "epoch": operator.index(state["epoch"]), "position": operator.index(state["position"]),
+            "seed": operator.index(state["seed"])}
