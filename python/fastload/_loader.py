@@ -26,10 +26,10 @@ _BLOCK_SIZE = 4096
 class _Run:
     """One started epoch: the native pipeline and how many batches each output handed out."""
 
-    __slots__ = ("epoch", "start", "pipeline", "handed", "num_batches", "superseded")
+    __slots__ = ("epoch", "pipeline", "handed", "num_batches", "superseded")
 
-    def __init__(self, epoch: int, start: int, pipeline: Any, outputs: int):
-        self.epoch, self.start, self.pipeline = epoch, start, pipeline
+    def __init__(self, epoch: int, pipeline: Any, outputs: int):
+        self.epoch, self.pipeline = epoch, pipeline
         self.handed = [0] * outputs
         self.num_batches = pipeline.num_batches(0)
         self.superseded = False
@@ -215,7 +215,7 @@ class Loader:
         if self._run is not None:
             self._run.superseded = True
         pipeline = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch)
-        self._run = _Run(epoch, start, pipeline, len(devices))
+        self._run = _Run(epoch, pipeline, len(devices))
         self._last_epoch = epoch
         self._replicas = self._world_size * len(devices)
         return [LoaderIterator(self, self._run, d, self._engine, self._names, dev, self._fork_generation)
