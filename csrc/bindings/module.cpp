@@ -212,7 +212,6 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Pipeline, std::shared_ptr<Pipeline>>(m, "Epoch")
       .def("num_batches", [](const Pipeline& p, int d) { return p.plan(d).num_batches(); })
-      .def("handed_out", &Pipeline::handed_out)
       .def("position_after",
            [](const Pipeline& p, int d, int64_t k) { return p.plan(d).position_after(k); })
       .def("cancel", &Pipeline::cancel, py::call_guard<py::gil_scoped_release>());

@@ -42,15 +42,7 @@ Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<EpochP
   }
 }
 
-Pipeline::~Pipeline() {
-  // Built batches that nobody took leave the pipeline here, unfilled or not.
-  for (auto& out : outputs_)
-    for (Slot& s : out->slots)
-      if (s.batch.buffer) {
-        pool_->left_pipeline();
-        s.batch.buffer.reset();
-      }
-}
+Pipeline::~Pipeline() { release_unconsumed(); }
 
 void Pipeline::cancel() {
   if (fork_generation() != fork_generation_) return;  // no thread of ours runs here to stop
@@ -77,6 +69,12 @@ void Pipeline::release_unconsumed() {
         }
   }
   // `dropped` returns the buffers to the pool here, outside mutex_.
+}
+
+void Pipeline::fail_locked(const std::string& message) {
+  if (error_.empty()) error_ = message;  // the first failure is the one reported
+  work_cv_.notify_all();
+  for (auto& out : outputs_) out->ready_cv.notify_all();
 }
 
 int64_t Pipeline::handed_out(int output) const {
@@ -137,10 +135,8 @@ void Pipeline::work() {
   } catch (const std::exception& e) {
     // An exception escaping a pool thread would std::terminate the process: report it instead.
     std::lock_guard<std::mutex> lock(mutex_);
-    if (error_.empty())
-      error_ = std::string("fastload collation thread could not allocate its id scratch: ") + e.what();
-    work_cv_.notify_all();
-    for (auto& out : outputs_) out->ready_cv.notify_all();
+    fail_locked(std::string("fastload collation thread could not allocate its id scratch: ") +
+                e.what());
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -171,11 +167,8 @@ void Pipeline::work() {
         pool_->left_pipeline();
         batch.buffer.reset();
       }
-      if (error_.empty())
-        error_ = "fastload collation thread failed on batch " + std::to_string(step) +
-                 " of epoch " + std::to_string(o.plan.epoch()) + ": " + failure;
-      work_cv_.notify_all();
-      for (auto& out : outputs_) out->ready_cv.notify_all();
+      fail_locked("fastload collation thread failed on batch " + std::to_string(step) +
+                  " of epoch " + std::to_string(o.plan.epoch()) + ": " + failure);
       return;
     }
     Slot& slot = o.slots[static_cast<size_t>(step % prefetch_)];

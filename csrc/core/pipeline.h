@@ -78,6 +78,7 @@ class Pipeline {
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing is left to claim
   bool worth_waking(const Output& o) const;  // under mutex_
+  void fail_locked(const std::string& message);  // under mutex_: records, wakes everyone
   void build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch);
 
   std::shared_ptr<const BatchLayout> layout_;

@@ -1,4 +1,5 @@
-"""Keeps native threads from outliving the interpreter: every live engine is closed at exit."""
+"""Keeps native threads from outliving the interpreter: every live engine is closed at exit.
+(After fork(), the native layer itself refuses to run a parent's engine in the child.)"""
 from __future__ import annotations
 
 import atexit
@@ -21,18 +22,3 @@ def _close_all() -> None:
         except Exception:  # noqa: BLE001 - exit must not fail on one loader
             pass
 
-
-# Native threads do not survive fork(): objects made before a fork compare this counter and
-# refuse to run (and never touch their native locks) in the child.
-fork_generation = 0
-
-
-def _after_fork_in_child() -> None:
-    global fork_generation
-    fork_generation += 1
-
-
-import os as _os  # noqa: E402
-
-if hasattr(_os, "register_at_fork"):
-    _os.register_at_fork(after_in_child=_after_fork_in_child)

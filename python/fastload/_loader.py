@@ -45,16 +45,15 @@ class _Run:
 class LoaderIterator:
     """Hands out one output's batches of one epoch, in order, as dict[str, torch.Tensor]."""
 
-    __slots__ = ("_loader", "_run", "_output", "_engine", "_names", "_device", "_fork_generation")
+    __slots__ = ("_loader", "_run", "_output", "_engine", "_names", "_device")
 
     def __init__(self, loader: "Loader", run: _Run, output: int, engine: Any, names: list[str],
-                 device: torch.device, fork_generation: int):
+                 device: torch.device):
         # Holding the loader keeps `for batch in Loader(...)` alive while the loop runs.
         self._loader = loader
         self._run, self._output, self._engine = run, output, engine
         self._names = names
         self._device = None if device.type == "cpu" else device
-        self._fork_generation = fork_generation
 
     def __iter__(self) -> "LoaderIterator":
         return self
@@ -63,9 +62,7 @@ class LoaderIterator:
         return self._run.num_batches - self._run.handed[self._output]
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        if self._fork_generation != _lifecycle.fork_generation:
-            raise RuntimeError(_FORK_MESSAGE)
-        try:
+        try:  # in a forked child the native side raises: the threads are the parent's
             parts = self._engine.next(self._run.pipeline, self._output)
         except RuntimeError as e:
             if self._run.superseded:
@@ -82,10 +79,6 @@ class LoaderIterator:
             # Until the CUDA transfer engine lands: a synchronous copy, correct but not overlapped.
             batch = {k: v.to(self._device) for k, v in batch.items()}
         return batch
-
-
-_FORK_MESSAGE = ("this fastload Loader was created before a fork(); its threads exist only in the parent "
-                 "process. Create a new Loader in the child process.")
 
 
 class Loader:
@@ -136,7 +129,6 @@ class Loader:
         max_rows = min(self._batch_size, len(source))
         self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], max_rows, threads,
                                  self._prefetch, self._with_index, even == "mask")
-        self._fork_generation = _lifecycle.fork_generation
         self._run: _Run | None = None
         self._pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
         self._last_epoch = -1
@@ -200,8 +192,6 @@ class Loader:
 
     # ------------------------------------------------------------------ iteration
     def _check_usable(self) -> None:
-        if self._fork_generation != _lifecycle.fork_generation:
-            raise RuntimeError(_FORK_MESSAGE)
         if self._engine is None:
             raise RuntimeError("this Loader is closed")
 
@@ -218,7 +208,7 @@ class Loader:
         self._run = _Run(epoch, pipeline, len(devices))
         self._last_epoch = epoch
         self._replicas = self._world_size * len(devices)
-        return [LoaderIterator(self, self._run, d, self._engine, self._names, dev, self._fork_generation)
+        return [LoaderIterator(self, self._run, d, self._engine, self._names, dev)
                 for d, dev in enumerate(devices)]
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -268,11 +258,11 @@ class Loader:
     def close(self) -> None:
         """Stops and joins the collation threads. Batches already handed out stay valid."""
         engine, self._engine = self._engine, None
-        if engine is None or self._fork_generation != _lifecycle.fork_generation:
-            return  # in a forked child the native side is left alone (its threads are the parent's)
+        if engine is None:
+            return
         if self._run is not None:
             self._run.superseded = True
-        engine.close()
+        engine.close()  # in a forked child this leaves the parent's threads alone
 
     def __enter__(self) -> "Loader":
         return self
