@@ -11,7 +11,7 @@ constexpr const char* kUsedCapsuleName = "used_dltensor";  // renamed by the con
 
 struct ManagedPart {
   DLManagedTensor tensor;
-  std::shared_ptr<HostBuffer> buffer;
+  std::shared_ptr<void> owner;
   std::vector<int64_t> shape, strides;
 };
 
@@ -31,11 +31,10 @@ void capsule_destructor(PyObject* capsule) {
 }
 }  // namespace
 
-pybind11::capsule export_host_tensor(const std::shared_ptr<HostBuffer>& buffer, size_t offset,
-                                     DTypeCode dtype, int64_t rows,
-                                     const std::vector<int64_t>& row_shape) {
+pybind11::capsule export_tensor(std::shared_ptr<void> owner, void* data, int device_type, int device_id,
+                                DTypeCode dtype, int64_t rows, const std::vector<int64_t>& row_shape) {
   auto* part = new ManagedPart();
-  part->buffer = buffer;
+  part->owner = std::move(owner);
   part->shape.reserve(row_shape.size() + 1);
   part->shape.push_back(rows);
   part->shape.insert(part->shape.end(), row_shape.begin(), row_shape.end());
@@ -43,8 +42,8 @@ pybind11::capsule export_host_tensor(const std::shared_ptr<HostBuffer>& buffer, 
   for (int i = static_cast<int>(part->shape.size()) - 2; i >= 0; --i)
     part->strides[i] = part->strides[i + 1] * part->shape[i + 1];
   DLTensor& t = part->tensor.dl_tensor;
-  t.data = buffer->data() + offset;
-  t.device = {kDLCPU, 0};
+  t.data = data;
+  t.device = {static_cast<DLDeviceType>(device_type), device_id};
   t.ndim = static_cast<int32_t>(part->shape.size());
   t.dtype = {dtype.code, dtype.bits, 1};
   t.shape = part->shape.data();

@@ -1,13 +1,12 @@
-// Hands a part of a batch buffer to Python as a DLPack capsule. The capsule (and the tensor made
-// from it) holds a reference to the buffer, which returns to the pool when the last one dies.
+// Hands a part of a batch to Python as a DLPack capsule, on the host or on a GPU. The capsule
+// (and the tensor made from it) holds a reference to the part's owner, which returns the memory
+// to its pool when the last reference dies.
 #pragma once
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <memory>
 #include <vector>
-
-#include "core/buffer_pool.h"
 
 namespace fastload {
 
@@ -16,8 +15,8 @@ struct DTypeCode {
   uint8_t bits;
 };
 
-pybind11::capsule export_host_tensor(const std::shared_ptr<HostBuffer>& buffer, size_t offset,
-                                     DTypeCode dtype, int64_t rows,
-                                     const std::vector<int64_t>& row_shape);
+// device_type: kDLCPU (1) or kDLCUDA (2); device_id the GPU's index.
+pybind11::capsule export_tensor(std::shared_ptr<void> owner, void* data, int device_type, int device_id,
+                                DTypeCode dtype, int64_t rows, const std::vector<int64_t>& row_shape);
 
 }  // namespace fastload

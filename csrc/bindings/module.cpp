@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
 #include "core/engine.h"
 #include "core/sampler.h"
+#include "cuda/driver.h"
+#include "cuda/transfer_engine.h"
 
 namespace py = pybind11;
 using namespace fastload;
@@ -74,12 +77,52 @@ struct ColumnMeta {
   std::vector<int64_t> row_shape;
 };
 
+cuda::Misuse parse_misuse(const std::string& s) {
+  if (s.empty() || s == "none") return cuda::Misuse::None;
+  if (s == "skip_consumer_wait") return cuda::Misuse::SkipConsumerWait;
+  if (s == "skip_release_wait") return cuda::Misuse::SkipReleaseWait;
+  if (s == "early_host_release") return cuda::Misuse::EarlyHostRelease;
+  throw std::invalid_argument("unknown misuse " + s);
+}
+
+// One started epoch as Python holds it: the pipeline, and the transfer engine of each output
+// that feeds a GPU (null for CPU outputs).
+struct Run {
+  std::shared_ptr<Pipeline> pipeline;
+  std::vector<std::shared_ptr<cuda::TransferEngine>> transfers;
+};
+
+// A device part handed to a test instead of a torch tensor (the stand-in driver's "device"
+// memory is host memory torch cannot import as CUDA): read() copies it back through the driver,
+// on the stream the batch was handed out on.
+struct RawDevicePart {
+  std::shared_ptr<UserDevicePart> part;
+  size_t bytes;
+  DTypeCode dtype;
+  std::vector<int64_t> shape;
+
+  py::bytes read() const {
+    std::string out(bytes, '\0');
+    {
+      py::gil_scoped_release release;
+      const auto& f = cuda::driver();
+      if (bytes) {
+        cuda::check(f.cuMemcpyDtoHAsync(out.data(), part->buffer->ptr(), bytes, part->stream), "cuMemcpyDtoHAsync");
+        cuda::check(f.cuStreamSynchronize(part->stream), "cuStreamSynchronize");
+      }
+    }
+    return py::bytes(out);
+  }
+};
+
 // The Python-facing engine: the core engine plus what Python needs to keep alive (the source
-// arrays, whose memory the threads read) and what it needs to build tensors.
+// arrays, whose memory the threads read), what it needs to build tensors, and one transfer
+// engine per GPU output (kept across epochs: streams and device buffers are made once).
 class PyEngine {
  public:
   PyEngine(const py::list& columns, int64_t batch_size, int num_threads, int64_t prefetch,
-           bool with_index, bool with_valid) {
+           bool with_index, bool with_valid, int streams)
+      : prefetch_(prefetch), streams_(streams) {
     std::vector<ColumnSpec> specs;
     for (const py::handle& h : columns) {
       // (name, owner, address, rows, pitch, row_bytes, dtype_code, dtype_bits, row_shape)
@@ -95,6 +138,7 @@ class PyEngine {
       meta_.push_back({s.name, {t[6].cast<uint8_t>(), t[7].cast<uint8_t>()},
                        t[8].cast<std::vector<int64_t>>()});
     }
+    if (streams <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams));
     EngineOptions o;
     o.num_threads = num_threads;
     o.prefetch = prefetch;
@@ -102,69 +146,175 @@ class PyEngine {
     o.with_valid = with_valid;
     o.batch_size = batch_size;
     engine_ = std::make_unique<Engine>(std::move(specs), o);
+    part_meta_ = meta_;
+    if (with_index) part_meta_.push_back({"index", {0, 64}, {}});
+    if (with_valid) part_meta_.push_back({"valid", {6, 8}, {}});
   }
 
   ~PyEngine() {
     // Joining threads must not hold the GIL; the arrays (keepalive_) die after, with the GIL.
     if (!engine_) return;
     py::gil_scoped_release release;
+    stop_transfers();
+    transfers_.clear();
     engine_.reset();
   }
 
   void close() {
     py::gil_scoped_release release;
-    engine_->close();
+    engine_->close();  // cancels the epoch: transfer threads see Cancelled and finish
+    stop_transfers();
+    transfers_.clear();  // drains the streams; device buffers users hold stay valid
   }
 
-  std::shared_ptr<Pipeline> start(const std::vector<SamplerConfig>& configs, int64_t epoch,
-                                  int64_t start_position, int64_t fail_at_step) {
-    std::vector<EpochPlan> plans;
-    for (const SamplerConfig& c : configs) plans.emplace_back(c, epoch, start_position);
+  // devices[d]: -1 for a CPU output, else the CUDA device index of output d.
+  Run start(const std::vector<SamplerConfig>& configs, int64_t epoch, int64_t start_position,
+            int64_t fail_at_step, const std::vector<int>& devices) {
+    if (devices.size() != configs.size()) throw std::invalid_argument("one device per sampler is needed");
+    std::vector<OutputSpec> outputs;
+    for (size_t d = 0; d < configs.size(); ++d)
+      outputs.push_back({EpochPlan(configs[d], epoch, start_position), devices[d] >= 0});
     py::gil_scoped_release release;
-    return engine_->start(std::move(plans), fail_at_step);
+    engine_->check_not_forked();
+    stop_transfers();  // before the pipeline they feed from is cancelled and replaced
+    Run run;
+    run.transfers.resize(devices.size());
+    std::shared_ptr<HostAllocator> host_memory;
+    int64_t extra = 0;
+    for (size_t d = 0; d < devices.size(); ++d) {
+      if (devices[d] < 0) continue;
+      if (transfers_.size() <= d) transfers_.resize(d + 1);
+      if (!transfers_[d] || transfers_[d]->device() != devices[d])
+        transfers_[d] = std::make_shared<cuda::TransferEngine>(devices[d], streams_, engine_->layout_ptr(),
+                                                               prefetch_, misuse_);
+      run.transfers[d] = transfers_[d];
+      extra += transfers_[d]->in_flight_limit();
+      if (!pinned_) pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());
+      host_memory = pinned_;
+    }
+    run.pipeline = engine_->start(std::move(outputs), fail_at_step, host_memory, extra);
+    for (size_t d = 0; d < devices.size(); ++d)
+      if (run.transfers[d]) run.transfers[d]->start(run.pipeline, static_cast<int>(d));
+    return run;
   }
 
   // The next batch of one output as a list of DLPack capsules (columns, then index, then
-  // valid), or None after the last batch.
-  py::object next(Pipeline& pipeline, int output) {
+  // valid), or None after the last batch. For a GPU output, `stream` is the consumer's stream
+  // (torch.cuda.current_stream().cuda_stream), made to wait on the batch's copy; with raw=True
+  // the parts come back as RawDevicePart (tests with the stand-in driver).
+  py::object next(const Run& run, int output, uintptr_t stream, bool raw) {
     engine_->check_not_forked();
+    const auto& transfer = run.transfers.at(static_cast<size_t>(output));
+    if (transfer) return next_device(run, *transfer, output, reinterpret_cast<cuda::api::CUstream>(stream), raw);
     Batch batch;
-    for (;;) {
-      NextStatus status;
-      {
-        py::gil_scoped_release release;
-        status = pipeline.next(output, kSignalCheckInterval, &batch);
-      }
-      if (status == NextStatus::Ok) break;
-      if (status == NextStatus::End) return py::none();
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
-    const BatchLayout& L = engine_->layout();
+    if (!wait(run, [&] { return run.pipeline->next(output, kSignalCheckInterval, &batch); })) return py::none();
     py::list parts;
-    for (size_t c = 0; c < meta_.size(); ++c)
-      parts.append(export_host_tensor(batch.buffer, L.column_offsets[c], meta_[c].dtype,
-                                      batch.rows, meta_[c].row_shape));
-    if (L.with_index)
-      parts.append(export_host_tensor(batch.buffer, L.index_offset, {0, 64}, batch.rows, {}));
-    if (L.with_valid)
-      parts.append(export_host_tensor(batch.buffer, L.valid_offset, {6, 8}, batch.rows, {}));
+    for (size_t p = 0; p < part_meta_.size(); ++p) {
+      batch.parts[p]->hand_to_user();
+      parts.append(export_tensor(batch.parts[p], batch.parts[p]->data(), 1, 0, part_meta_[p].dtype, batch.rows,
+                                 part_meta_[p].row_shape));
+    }
     return std::move(parts);
   }
 
-  py::dict stats() const {
+  py::dict memory() const {
     py::dict d;
-    d["buffer_bytes"] = engine_->buffer_pool().buffer_bytes();
-    d["allocations"] = engine_->buffer_pool().allocations();
-    d["live_buffers"] = engine_->buffer_pool().live_buffers();
+    const BufferPoolCounts host = engine_->host_counts();
+    const bool pinned = pinned_ != nullptr;
+    d["host_bytes"] = pinned ? 0 : engine_->host_bytes();
+    d["pinned_bytes"] = pinned ? engine_->host_bytes() : 0;
+    d["host_buffers"] = host.live();
+    d["host_allocations"] = host.allocations;
+    d["host_frees"] = host.frees;
+    d["host_with_user"] = host.with_user;
+    d["pinned_buffers"] = pinned ? host.live() : 0;
+    int64_t device_bytes = 0, device_buffers = 0, device_allocations = 0, copied = 0;
+    for (const auto& t : transfers_) {
+      if (!t) continue;
+      const cuda::TransferCounts c = t->counts();
+      device_bytes += c.device_bytes;
+      device_buffers += c.device_buffers;
+      device_allocations += c.device_allocations;
+      copied += c.batches;
+    }
+    d["device_bytes"] = device_bytes;
+    d["device_buffers"] = device_buffers;
+    d["device_allocations"] = device_allocations;
+    d["batches_copied"] = copied;
     d["num_threads"] = engine_->num_threads();
     return d;
   }
 
+  void set_misuse(const std::string& m) { misuse_ = parse_misuse(m); }
+
  private:
+  // Waits in slices with the GIL released, checking for Ctrl-C in between. False at the end.
+  template <typename F>
+  bool wait(const Run&, F&& step) {
+    for (;;) {
+      NextStatus status;
+      {
+        py::gil_scoped_release release;
+        status = step();
+      }
+      if (status == NextStatus::Ok) return true;
+      if (status == NextStatus::End) return false;
+      if (status == NextStatus::Cancelled)
+        throw std::runtime_error("this epoch's batches were cancelled (a newer iter()/split() or close())");
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  }
+
+  py::object next_device(const Run& run, cuda::TransferEngine& transfer, int output, cuda::api::CUstream stream,
+                         bool raw) {
+    cuda::DeviceBatch batch;
+    if (!wait(run, [&] { return transfer.next(run.pipeline.get(), stream, kSignalCheckInterval, &batch); }))
+      return py::none();
+    py::list parts;
+    for (size_t p = 0; p < part_meta_.size(); ++p) {
+      auto user = std::make_shared<UserDevicePart>(std::move(batch.parts[p]), stream);
+      const ColumnMeta& m = part_meta_[p];
+      if (raw) {
+        std::vector<int64_t> shape{batch.rows};
+        shape.insert(shape.end(), m.row_shape.begin(), m.row_shape.end());
+        const size_t bytes = engine_->layout().part_row_bytes[p] * static_cast<size_t>(batch.rows);
+        parts.append(py::cast(RawDevicePart{user, bytes, m.dtype, shape}));
+      } else {
+        void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(user->buffer->ptr()));
+        const int device = user->buffer->device();
+        parts.append(export_tensor(std::move(user), data, 2, device, m.dtype, batch.rows, m.row_shape));
+      }
+    }
+    return std::move(parts);
+  }
+
+  void stop_transfers() {
+    for (auto& t : transfers_)
+      if (t) t->stop();
+  }
+
   std::vector<py::object> keepalive_;  // declared first: destroyed last, after the engine
-  std::vector<ColumnMeta> meta_;
+  std::vector<ColumnMeta> meta_, part_meta_;
+  const int64_t prefetch_;
+  const int streams_;
+  cuda::Misuse misuse_ = cuda::Misuse::None;
   std::unique_ptr<Engine> engine_;
+  std::shared_ptr<HostAllocator> pinned_;  // made on the first GPU epoch
+  std::vector<std::shared_ptr<cuda::TransferEngine>> transfers_;  // by output index
 };
+
+// C++ exceptions to Python, in one place: a collation failure keeps its original type.
+void translate_collation_error(const CollationError& e) {
+  try {
+    std::rethrow_exception(e.original());
+  } catch (const std::bad_alloc&) {
+    PyErr_SetString(PyExc_MemoryError, e.what());
+  } catch (const std::invalid_argument&) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
 
 }  // namespace
 
@@ -210,19 +360,46 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("epoch"), py::arg("first"), py::arg("count"));
 
-  py::class_<Pipeline, std::shared_ptr<Pipeline>>(m, "Epoch")
-      .def("num_batches", [](const Pipeline& p, int d) { return p.plan(d).num_batches(); })
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    try {
+      std::rethrow_exception(p);
+    } catch (const CollationError& e) {
+      translate_collation_error(e);
+    }
+  });
+
+  py::class_<Run>(m, "Epoch")
+      .def("num_batches", [](const Run& r, int d) { return r.pipeline->plan(d).num_batches(); })
       .def("position_after",
-           [](const Pipeline& p, int d, int64_t k) { return p.plan(d).position_after(k); })
-      .def("cancel", &Pipeline::cancel, py::call_guard<py::gil_scoped_release>());
+           [](const Run& r, int d, int64_t k) { return r.pipeline->plan(d).position_after(k); })
+      .def("cancel", [](const Run& r) { r.pipeline->cancel(); }, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<RawDevicePart>(m, "RawDevicePart")
+      .def_property_readonly("ptr", [](const RawDevicePart& p) { return static_cast<uintptr_t>(p.part->buffer->ptr()); })
+      .def_property_readonly("device", [](const RawDevicePart& p) { return p.part->buffer->device(); })
+      .def_property_readonly("nbytes", [](const RawDevicePart& p) { return p.bytes; })
+      .def_property_readonly("shape", [](const RawDevicePart& p) { return p.shape; })
+      .def_property_readonly("dtype_code", [](const RawDevicePart& p) { return p.dtype.code; })
+      .def_property_readonly("dtype_bits", [](const RawDevicePart& p) { return p.dtype.bits; })
+      .def("read", &RawDevicePart::read);
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const py::list&, int64_t, int, int64_t, bool, bool>(), py::arg("columns"),
+      .def(py::init<const py::list&, int64_t, int, int64_t, bool, bool, int>(), py::arg("columns"),
            py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("with_index"), py::arg("with_valid"))
+           py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"),
-           py::arg("start_position"), py::arg("fail_at_step") = -1)
-      .def("next", &PyEngine::next, py::arg("epoch"), py::arg("output"))
+           py::arg("start_position"), py::arg("fail_at_step"), py::arg("devices"))
+      .def("next", &PyEngine::next, py::arg("epoch"), py::arg("output"), py::arg("stream") = 0,
+           py::arg("raw") = false)
       .def("close", &PyEngine::close)
-      .def("stats", &PyEngine::stats);
+      .def("memory", &PyEngine::memory)
+      .def("_set_misuse", &PyEngine::set_misuse);
+
+  // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
+  // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).
+  m.def("cuda_device_count", [] {
+    py::gil_scoped_release release;
+    return cuda::device_count();
+  });
 }

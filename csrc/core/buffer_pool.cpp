@@ -12,7 +12,8 @@ namespace {
 class AlignedAllocator final : public HostAllocator {
  public:
   void* allocate(size_t bytes) override {
-    // Page alignment: whole pages for the kernel and for a later cudaHostRegister-style pinning.
+    // Page alignment: whole pages for the kernel, and more than the 256 bytes a device copy or
+    // a DLPack consumer may want.
     constexpr size_t kAlign = 4096;
     void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
     if (!p) throw std::bad_alloc();
@@ -26,16 +27,26 @@ std::shared_ptr<HostAllocator> make_aligned_allocator() {
   return std::make_shared<AlignedAllocator>();
 }
 
+void HostBuffer::hand_to_user() {
+  std::lock_guard<std::mutex> lock(pool_->mutex_);
+  if (with_user_) return;
+  with_user_ = true;
+  --pool_->counts_.with_loader;
+  ++pool_->counts_.with_user;
+}
+
 std::shared_ptr<BufferPool> BufferPool::create(size_t buffer_bytes, int64_t keep,
                                                std::shared_ptr<HostAllocator> allocator) {
   return std::shared_ptr<BufferPool>(new BufferPool(buffer_bytes, keep, std::move(allocator)));
 }
 
 BufferPool::BufferPool(size_t buffer_bytes, int64_t keep, std::shared_ptr<HostAllocator> allocator)
-    : buffer_bytes_(buffer_bytes ? buffer_bytes : 1), keep_(keep),
-      fork_generation_(fork_generation()), allocator_(std::move(allocator)) {}
+    : buffer_bytes_(buffer_bytes ? buffer_bytes : 1), fork_generation_(fork_generation()),
+      allocator_(std::move(allocator)), keep_(keep) {}
 
 BufferPool::~BufferPool() {
+  // In a forked child, freeing page-locked memory would be a driver call the child cannot make.
+  if (fork_generation() != fork_generation_) return;
   for (std::byte* p : free_) allocator_->deallocate(p, buffer_bytes_);
 }
 
@@ -43,37 +54,42 @@ std::shared_ptr<HostBuffer> BufferPool::acquire() {
   std::byte* data = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ++in_pipeline_;
     if (!free_.empty()) {
       data = free_.back();
       free_.pop_back();
+      --counts_.free;
+      ++counts_.with_loader;
     }
   }
   if (!data) {
+    data = static_cast<std::byte*>(allocator_->allocate(buffer_bytes_));  // may throw: nothing counted yet
+    std::lock_guard<std::mutex> lock(mutex_);
     try {
-      data = static_cast<std::byte*>(allocator_->allocate(buffer_bytes_));
+      // Room for every live buffer in free_, so give_back (noexcept) never reallocates.
+      free_.reserve(static_cast<size_t>(counts_.live() + 1));
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      --in_pipeline_;
+      allocator_->deallocate(data, buffer_bytes_);
       throw;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++allocations_;
-    ++live_;
+    ++counts_.allocations;
+    ++counts_.with_loader;
   }
   // The deleter holds the pool alive: a batch may outlive the loader that made it.
   auto self = shared_from_this();
-  return std::shared_ptr<HostBuffer>(new HostBuffer(data, buffer_bytes_),
+  return std::shared_ptr<HostBuffer>(new HostBuffer(this, data, buffer_bytes_),
                                      [self](HostBuffer* b) {
-                                       self->give_back(b->data());
+                                       self->give_back(b);
                                        delete b;
                                      });
 }
 
-void BufferPool::left_pipeline() {
-  if (fork_generation() != fork_generation_) return;  // see give_back
-  std::lock_guard<std::mutex> lock(mutex_);
-  --in_pipeline_;
+void BufferPool::trim_locked(std::vector<std::byte*>* excess) {
+  while (!free_.empty() && counts_.free + counts_.with_loader > keep_) {
+    excess->push_back(free_.back());
+    free_.pop_back();
+    --counts_.free;
+    ++counts_.frees;
+  }
 }
 
 void BufferPool::set_keep(int64_t keep) {
@@ -81,37 +97,23 @@ void BufferPool::set_keep(int64_t keep) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     keep_ = keep;
-    while (!free_.empty() && static_cast<int64_t>(free_.size()) + in_pipeline_ > keep_) {
-      excess.push_back(free_.back());
-      free_.pop_back();
-      --live_;
-    }
+    trim_locked(&excess);
   }
   for (std::byte* p : excess) allocator_->deallocate(p, buffer_bytes_);
 }
 
-void BufferPool::give_back(std::byte* data) noexcept {
+void BufferPool::give_back(HostBuffer* b) noexcept {
   // In a forked child the parent's threads may have held this mutex: leak instead of locking.
   if (fork_generation() != fork_generation_) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (static_cast<int64_t>(free_.size()) + in_pipeline_ < keep_) {
-      free_.push_back(data);
-      return;
-    }
-    --live_;
-  }
-  allocator_->deallocate(data, buffer_bytes_);
+  std::lock_guard<std::mutex> lock(mutex_);
+  --(b->with_user_ ? counts_.with_user : counts_.with_loader);
+  free_.push_back(b->data());  // never reallocates: acquire() reserved room for every live buffer
+  ++counts_.free;
 }
 
-int64_t BufferPool::allocations() const {
+BufferPoolCounts BufferPool::counts() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return allocations_;
-}
-
-int64_t BufferPool::live_buffers() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return live_;
+  return counts_;
 }
 
 }  // namespace fastload

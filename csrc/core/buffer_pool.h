@@ -1,5 +1,8 @@
-// Recycled host buffers for batches. A buffer handed to the user returns only when the last
-// reference dies; the pool never waits for one (it allocates), and keeps only a few spares.
+// Recycled host buffers for one part of a batch (one column, the ids or the valid mask). A buffer
+// carries its own state: with the loader (being filled, waiting, or being copied to a device) or
+// with the user (handed out; returns when the last reference dies). The pool never waits for a
+// buffer (it allocates) and never frees one mid-epoch (allocations cost milliseconds when the
+// memory is page-locked); set_keep() at an epoch boundary trims the spares.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -15,54 +18,69 @@ class HostAllocator {
   virtual ~HostAllocator() = default;
   virtual void* allocate(size_t bytes) = 0;  // throws std::bad_alloc or std::runtime_error
   virtual void deallocate(void* p, size_t bytes) noexcept = 0;
+  virtual bool page_locked() const { return false; }
 };
 std::shared_ptr<HostAllocator> make_aligned_allocator();
+
+class BufferPool;
 
 class HostBuffer {
  public:
   std::byte* data() const { return data_; }
   size_t size() const { return bytes_; }
+  // The buffer leaves the loader's hands: from now on it counts as the user's until it dies.
+  void hand_to_user();
 
  private:
   friend class BufferPool;
-  HostBuffer(std::byte* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  HostBuffer(BufferPool* pool, std::byte* data, size_t bytes) : pool_(pool), data_(data), bytes_(bytes) {}
+  BufferPool* pool_;
   std::byte* data_;
   size_t bytes_;
+  bool with_user_ = false;  // guarded by the pool's mutex
+};
+
+struct BufferPoolCounts {
+  int64_t allocations = 0;  // buffers allocated so far
+  int64_t frees = 0;        // buffers freed so far
+  int64_t free = 0;         // spares ready for reuse
+  int64_t with_loader = 0;  // acquired and not handed out
+  int64_t with_user = 0;    // handed out and still referenced
+  int64_t live() const { return free + with_loader + with_user; }
+  int64_t loader_held() const { return free + with_loader; }
 };
 
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
-  // keep: most buffers the pool holds on its side (free plus acquired-not-yet-handed-out); a
-  // returning buffer beyond that is freed, so loader-held memory stays bounded by keep buffers.
+  // keep: the spares the pool may hold on its side at an epoch boundary (see set_keep).
   static std::shared_ptr<BufferPool> create(size_t buffer_bytes, int64_t keep,
                                             std::shared_ptr<HostAllocator> allocator);
-  ~BufferPool();
+  ~BufferPool();  // frees the spares; in a forked child it leaks them (see fork_guard.h)
 
-  // A buffer for the pipeline; reused when one is free, else freshly allocated. Never waits.
+  // A buffer for the loader; reused when one is free, else freshly allocated. Never waits.
   std::shared_ptr<HostBuffer> acquire();
-  // An acquired buffer left the pipeline (handed to the user, or dropped by a cancelled epoch):
-  // it no longer counts against `keep` while it lives.
-  void left_pipeline();
-  // Changes `keep` (an epoch with more outputs has more batches in flight); frees spares beyond it.
+  // Sets `keep` and frees spares beyond it. Called when an epoch starts: mid-epoch the pool
+  // keeps every returned buffer, so a user who holds batches for a while and drops them together
+  // costs allocations once per epoch, not once per batch.
   void set_keep(int64_t keep);
 
   size_t buffer_bytes() const { return buffer_bytes_; }
-  int64_t allocations() const;  // buffers allocated so far (for tests and stats)
-  int64_t live_buffers() const;  // allocated and not yet freed
+  const HostAllocator& allocator() const { return *allocator_; }
+  BufferPoolCounts counts() const;
 
  private:
+  friend class HostBuffer;
   BufferPool(size_t buffer_bytes, int64_t keep, std::shared_ptr<HostAllocator> allocator);
-  void give_back(std::byte* data) noexcept;
+  void give_back(HostBuffer* b) noexcept;
+  void trim_locked(std::vector<std::byte*>* excess);
 
   const size_t buffer_bytes_;
-  int64_t keep_;  // guarded by mutex_
   const uint64_t fork_generation_;
   std::shared_ptr<HostAllocator> allocator_;
   mutable std::mutex mutex_;
+  int64_t keep_;  // guarded by mutex_
   std::vector<std::byte*> free_;
-  int64_t in_pipeline_ = 0;
-  int64_t allocations_ = 0;
-  int64_t live_ = 0;
+  BufferPoolCounts counts_;
 };
 
 }  // namespace fastload

@@ -20,8 +20,9 @@ Engine::Engine(std::vector<ColumnSpec> columns, const EngineOptions& options,
                                 std::to_string(options.prefetch));
   layout_ = std::make_shared<BatchLayout>(std::move(columns), options.with_index,
                                           options.with_valid, options.batch_size);
-  // Loader-held memory: at most prefetch batches in flight plus one recycled spare.
-  pool_ = BufferPool::create(layout_->total_bytes, options.prefetch + 1, std::move(allocator));
+  default_allocator_ = std::move(allocator);
+  for (size_t p = 0; p < layout_->num_parts(); ++p)
+    pools_.push_back(BufferPool::create(layout_->part_bytes(p), options.prefetch + 1, default_allocator_));
   threads_ = std::make_unique<ThreadPool>(options.num_threads);
 }
 
@@ -52,13 +53,33 @@ void Engine::stop_current() {
 }
 
 std::shared_ptr<Pipeline> Engine::start(std::vector<EpochPlan> plans, int64_t fail_at_step) {
+  std::vector<OutputSpec> outputs;
+  for (EpochPlan& p : plans) outputs.push_back({std::move(p), false});
+  return start(std::move(outputs), fail_at_step);
+}
+
+std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t fail_at_step,
+                                        std::shared_ptr<HostAllocator> host_memory,
+                                        int64_t extra_buffers) {
   check_not_forked();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!threads_) throw std::runtime_error("this Loader is closed");
   stop_current();
-  // Each output has up to `prefetch` batches in flight; keep one recycled spare besides.
-  pool_->set_keep(options_.prefetch * static_cast<int64_t>(plans.size()) + 1);
-  auto pipeline = std::make_shared<Pipeline>(layout_, std::move(plans), options_.prefetch, pool_,
+  if (!host_memory) host_memory = default_allocator_;
+  // Each output has up to `prefetch` batches in its window, plus the one a Python loop variable
+  // still holds while next() hands over the following one; native consumers hold a few more
+  // (copies in flight); and one recycled spare. With that many, a training loop that drops each
+  // batch never makes the pool allocate after the first batches.
+  const int64_t keep =
+      (options_.prefetch + 1) * static_cast<int64_t>(outputs.size()) + extra_buffers + 1;
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    // Another kind of host memory (pageable <-> page-locked): new pools; buffers still held by
+    // users keep their old pool alive and return to it.
+    if (&pools_[p]->allocator() != host_memory.get())
+      pools_[p] = BufferPool::create(layout_->part_bytes(p), keep, host_memory);
+    pools_[p]->set_keep(keep);
+  }
+  auto pipeline = std::make_shared<Pipeline>(layout_, std::move(outputs), options_.prefetch, pools_,
                                              fail_at_step);
   current_ = pipeline;
   threads_->run([pipeline](int) { pipeline->work(); });
@@ -71,6 +92,28 @@ void Engine::close() {
   if (!threads_) return;
   stop_current();
   threads_.reset();
+  for (auto& pool : pools_) pool->set_keep(0);  // spares go now; buffers users hold return later
+}
+
+BufferPoolCounts Engine::host_counts() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  BufferPoolCounts sum;
+  for (const auto& pool : pools_) {
+    const BufferPoolCounts c = pool->counts();
+    sum.allocations += c.allocations;
+    sum.frees += c.frees;
+    sum.free += c.free;
+    sum.with_loader += c.with_loader;
+    sum.with_user += c.with_user;
+  }
+  return sum;
+}
+
+size_t Engine::host_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t bytes = 0;
+  for (const auto& pool : pools_) bytes += static_cast<size_t>(pool->counts().live()) * pool->buffer_bytes();
+  return bytes;
 }
 
 bool Engine::closed() const {

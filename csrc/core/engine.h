@@ -28,8 +28,14 @@ class Engine {
          std::shared_ptr<HostAllocator> allocator = make_aligned_allocator());
   ~Engine();  // cancels and joins; in a forked child it leaks instead (see fork_guard.h)
 
-  // Cancels any running epoch, then starts one pipeline over the given plans (one per output).
-  // Returns the new pipeline; the consumer keeps it to read batches.
+  // Cancels any running epoch, then starts one pipeline over the given outputs. Host buffers
+  // come from `host_memory` when given (page-locked memory for GPU outputs), else from the
+  // engine's allocator; `extra_buffers` are batches a native consumer holds beyond the window
+  // (copies in flight). Returns the new pipeline; the consumer keeps it to read batches.
+  std::shared_ptr<Pipeline> start(std::vector<OutputSpec> outputs, int64_t fail_at_step = -1,
+                                  std::shared_ptr<HostAllocator> host_memory = nullptr,
+                                  int64_t extra_buffers = 0);
+  // Convenience for outputs that are all Python consumers.
   std::shared_ptr<Pipeline> start(std::vector<EpochPlan> plans, int64_t fail_at_step = -1);
   void close();  // cancels and joins the threads; idempotent
   bool closed() const;
@@ -37,7 +43,10 @@ class Engine {
   void check_not_forked() const;
 
   const BatchLayout& layout() const { return *layout_; }
-  const BufferPool& buffer_pool() const { return *pool_; }
+  const std::shared_ptr<const BatchLayout>& layout_ptr() const { return layout_; }
+  // Host buffer counts summed over the parts of a batch (every part has its own pool).
+  BufferPoolCounts host_counts() const;
+  size_t host_bytes() const;  // bytes of all live host buffers
   int num_threads() const { return options_.num_threads; }
 
  private:
@@ -45,7 +54,8 @@ class Engine {
 
   EngineOptions options_;
   std::shared_ptr<const BatchLayout> layout_;
-  std::shared_ptr<BufferPool> pool_;
+  std::shared_ptr<HostAllocator> default_allocator_;
+  std::vector<std::shared_ptr<BufferPool>> pools_;  // one per layout part; guarded by mutex_
   const uint64_t fork_generation_;
   mutable std::mutex mutex_;  // serialises start/close
   std::unique_ptr<ThreadPool> threads_;

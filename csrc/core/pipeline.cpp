@@ -2,42 +2,57 @@
 #include "core/pipeline.h"
 
 #include <algorithm>
-#include <stdexcept>
+#include <limits>
 
 #include "core/fork_guard.h"
 
 namespace fastload {
 
-namespace {
-constexpr size_t kAlign = 64;  // every part starts on its own cache line
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-}  // namespace
-
 BatchLayout::BatchLayout(std::vector<ColumnSpec> cols, bool index, bool valid, int64_t rows)
     : columns(std::move(cols)), with_index(index), with_valid(valid), max_rows(rows) {
-  size_t offset = 0;
+  if (rows <= 0) throw std::invalid_argument("batch rows must be positive, got " + std::to_string(rows));
   for (const ColumnSpec& c : columns) {
-    column_offsets.push_back(offset);
-    offset = align_up(offset + static_cast<size_t>(c.row_bytes) * static_cast<size_t>(rows));
+    if (c.row_bytes < 0) throw std::invalid_argument("column " + c.name + " has negative row bytes");
+    part_row_bytes.push_back(static_cast<size_t>(c.row_bytes));
   }
-  index_offset = offset;
-  if (with_index) offset = align_up(offset + sizeof(int64_t) * static_cast<size_t>(rows));
-  valid_offset = offset;
-  if (with_valid) offset = align_up(offset + static_cast<size_t>(rows));
-  total_bytes = offset;
+  if (with_index) {
+    index_part = static_cast<int>(part_row_bytes.size());
+    part_row_bytes.push_back(sizeof(int64_t));
+  }
+  if (with_valid) {
+    valid_part = static_cast<int>(part_row_bytes.size());
+    part_row_bytes.push_back(sizeof(bool));
+  }
+  // Checked: a batch of huge rows must be a clear error, not a wrapped size and a crash.
+  constexpr size_t kMax = static_cast<size_t>(std::numeric_limits<int64_t>::max());
+  for (size_t p = 0; p < part_row_bytes.size(); ++p) {
+    const size_t row = part_row_bytes[p];
+    if (row != 0 && static_cast<size_t>(rows) > kMax / row)
+      throw std::invalid_argument("a batch of " + std::to_string(rows) + " rows of " +
+                                  std::to_string(row) + " bytes overflows");
+    const size_t bytes = row * static_cast<size_t>(rows);
+    if (total_bytes > kMax - bytes)
+      throw std::invalid_argument("the bytes of a batch of " + std::to_string(rows) + " rows overflow");
+    total_bytes += bytes;
+  }
 }
 
-Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<EpochPlan> plans,
-                   int64_t prefetch, std::shared_ptr<BufferPool> pool, int64_t fail_at_step)
-    : layout_(std::move(layout)), prefetch_(prefetch),
-      wake_batch_(prefetch / 2 > 1 ? prefetch / 2 : 1), pool_(std::move(pool)),
+Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<OutputSpec> outputs,
+                   int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
+                   int64_t fail_at_step)
+    : layout_(std::move(layout)), prefetch_(prefetch), pools_(std::move(pools)),
       fail_at_step_(fail_at_step), fork_generation_(fork_generation()) {
   if (prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " + std::to_string(prefetch));
-  for (EpochPlan& p : plans) {
-    if (p.max_batch_rows() > layout_->max_rows)
+  if (pools_.size() != layout_->num_parts())
+    throw std::invalid_argument("one buffer pool per batch part is needed");
+  for (OutputSpec& spec : outputs) {
+    if (spec.plan.max_batch_rows() > layout_->max_rows)
       throw std::invalid_argument("plan batch size exceeds the batch layout");
-    outputs_.push_back(std::make_unique<Output>(std::move(p)));
+    // A Python consumer pays a few µs per wake-up (more than building a small batch): wake it
+    // for half the window at once. A transfer thread wants each batch as soon as it exists.
+    const int64_t wake = spec.native_consumer ? 1 : std::max<int64_t>(1, prefetch / 2);
+    outputs_.push_back(std::make_unique<Output>(std::move(spec.plan), spec.native_consumer, wake));
     outputs_.back()->slots.resize(static_cast<size_t>(prefetch));
   }
 }
@@ -54,32 +69,46 @@ void Pipeline::cancel() {
   for (auto& out : outputs_) out->ready_cv.notify_all();
 }
 
+bool Pipeline::cancelled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancelled_;
+}
+
 void Pipeline::release_unconsumed() {
   if (fork_generation() != fork_generation_) return;
-  std::vector<std::shared_ptr<HostBuffer>> dropped;
+  std::vector<Batch> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& out : outputs_)
       for (Slot& s : out->slots)
-        if (s.batch.buffer) {
-          pool_->left_pipeline();
-          dropped.push_back(std::move(s.batch.buffer));
+        if (s.ready) {
+          dropped.push_back(std::move(s.batch));
+          s.batch = Batch();
           s.ready = false;
           s.step = -1;
         }
   }
-  // `dropped` returns the buffers to the pool here, outside mutex_.
+  // `dropped` returns the buffers to their pools here, outside mutex_.
 }
 
-void Pipeline::fail_locked(const std::string& message) {
-  if (error_.empty()) error_ = message;  // the first failure is the one reported
+void Pipeline::fail_locked(const std::string& context, std::exception_ptr e) {
+  if (!error_) {  // the first failure is the one reported
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+    error_ = std::make_exception_ptr(CollationError(context + ": " + what, e));
+  }
   work_cv_.notify_all();
   for (auto& out : outputs_) out->ready_cv.notify_all();
 }
 
-int64_t Pipeline::handed_out(int output) const {
+int64_t Pipeline::taken(int output) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return outputs_[output]->consumed;
+  return outputs_[output]->taken;
 }
 
 bool Pipeline::claim(int* output, int64_t* step) {
@@ -88,7 +117,7 @@ bool Pipeline::claim(int* output, int64_t* step) {
   int best = -1;
   for (int d = 0; d < num_outputs(); ++d) {
     const Output& o = *outputs_[d];
-    if (o.next_claim >= o.plan.num_batches() || o.next_claim >= o.consumed + prefetch_) continue;
+    if (o.next_claim >= o.plan.num_batches() || o.next_claim >= o.retired + prefetch_) continue;
     if (best < 0 || o.next_claim < outputs_[best]->next_claim) best = d;
   }
   if (best < 0) return false;
@@ -101,10 +130,10 @@ bool Pipeline::worth_waking(const Output& o) const {
   // Never more than is already claimed: the first batch of an epoch (or after a stall) is not
   // held back for batches nobody is building yet.
   const int64_t wanted =
-      std::min({o.plan.num_batches() - o.consumed, wake_batch_, o.next_claim - o.consumed});
+      std::min({o.plan.num_batches() - o.taken, o.wake_batch, o.next_claim - o.taken});
   for (int64_t i = 0; i < wanted; ++i) {
-    const Slot& s = o.slots[static_cast<size_t>((o.consumed + i) % prefetch_)];
-    if (!s.ready || s.step != o.consumed + i) return false;
+    const Slot& s = o.slots[static_cast<size_t>((o.taken + i) % prefetch_)];
+    if (!s.ready || s.step != o.taken + i) return false;
   }
   return true;
 }
@@ -115,67 +144,62 @@ void Pipeline::build(int output, int64_t step, std::vector<int64_t>& ids_scratch
   const EpochPlan& plan = outputs_[output]->plan;
   const BatchSpan span = plan.batch(step);
   const BatchLayout& L = *layout_;
-  batch->buffer = pool_->acquire();
   batch->rows = span.count;
   batch->step = step;
-  std::byte* base = batch->buffer->data();
-  int64_t* ids = L.with_index ? reinterpret_cast<int64_t*>(base + L.index_offset)
+  batch->parts.resize(L.num_parts());
+  for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[p]->acquire();
+  int64_t* ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data())
                               : ids_scratch.data();
-  bool* valid = L.with_valid ? reinterpret_cast<bool*>(base + L.valid_offset) : nullptr;
+  bool* valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
   plan.fill_ids(span, ids, valid);
   for (size_t c = 0; c < L.columns.size(); ++c)
-    gather_rows(L.columns[c], ids, span.count, base + L.column_offsets[c]);
+    gather_rows(L.columns[c], ids, span.count, batch->parts[c]->data());
 }
 
 void Pipeline::work() {
   std::vector<int64_t> ids_scratch;
   try {
-    // Only needed when the ids are not written into the batch buffer itself.
+    // Only needed when the ids are not written into the batch itself.
     if (!layout_->with_index) ids_scratch.resize(static_cast<size_t>(layout_->max_rows));
-  } catch (const std::exception& e) {
+  } catch (...) {
     // An exception escaping a pool thread would std::terminate the process: report it instead.
     std::lock_guard<std::mutex> lock(mutex_);
-    fail_locked(std::string("fastload collation thread could not allocate its id scratch: ") +
-                e.what());
+    fail_locked("fastload collation thread could not allocate its id scratch", std::current_exception());
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     int output;
     int64_t step;
-    while (!cancelled_ && error_.empty() && !claim(&output, &step)) {
+    while (!cancelled_ && !error_ && !claim(&output, &step)) {
       bool anything_left = false;
       for (auto& o : outputs_) anything_left |= o->next_claim < o->plan.num_batches();
       if (!anything_left) return;
       work_cv_.wait(lock);
     }
-    if (cancelled_ || !error_.empty()) return;
+    if (cancelled_ || error_) return;
     lock.unlock();
     Batch batch;
-    std::string failure;
+    std::exception_ptr failure;
     try {
       build(output, step, ids_scratch, &batch);
-    } catch (const std::exception& e) {
-      failure = e.what();
     } catch (...) {
-      failure = "unknown error";
+      failure = std::current_exception();
     }
+    if (failure) batch = Batch();  // buffers back to their pools, outside mutex_
     lock.lock();
     Output& o = *outputs_[output];
-    if (!failure.empty()) {
-      if (batch.buffer) {
-        pool_->left_pipeline();
-        batch.buffer.reset();
-      }
+    if (failure) {
       fail_locked("fastload collation thread failed on batch " + std::to_string(step) +
-                  " of epoch " + std::to_string(o.plan.epoch()) + ": " + failure);
+                      " of epoch " + std::to_string(o.plan.epoch()),
+                  failure);
       return;
     }
     Slot& slot = o.slots[static_cast<size_t>(step % prefetch_)];
     slot.step = step;
     slot.ready = true;
     slot.batch = std::move(batch);
-    if (o.consumer_waiting && worth_waking(o)) o.ready_cv.notify_one();
+    if (o.waiting > 0 && worth_waking(o)) o.ready_cv.notify_all();
   }
 }
 
@@ -184,25 +208,44 @@ NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* 
     throw std::runtime_error("this epoch's threads belong to the parent of a fork()");
   std::unique_lock<std::mutex> lock(mutex_);
   Output& o = *outputs_.at(static_cast<size_t>(output));
-  if (!error_.empty()) throw std::runtime_error(error_);
-  if (o.consumed >= o.plan.num_batches()) return NextStatus::End;
-  Slot& slot = o.slots[static_cast<size_t>(o.consumed % prefetch_)];
-  o.consumer_waiting = true;
-  const bool arrived = o.ready_cv.wait_for(lock, timeout, [&] {
-    return cancelled_ || !error_.empty() || (slot.ready && slot.step == o.consumed);
-  });
-  o.consumer_waiting = false;
-  if (!error_.empty()) throw std::runtime_error(error_);
-  if (cancelled_) throw std::runtime_error("this epoch's batches were cancelled");
+  // The slot is looked up afresh on every wake: another consumer of this output may have taken
+  // the batch this thread was waiting for.
+  auto ready = [&] {
+    if (o.taken >= o.plan.num_batches()) return true;
+    const Slot& s = o.slots[static_cast<size_t>(o.taken % prefetch_)];
+    return s.ready && s.step == o.taken;
+  };
+  ++o.waiting;
+  const bool arrived = o.ready_cv.wait_for(lock, timeout, [&] { return cancelled_ || error_ || ready(); });
+  --o.waiting;
+  if (error_) std::rethrow_exception(error_);
+  if (cancelled_) return NextStatus::Cancelled;
   if (!arrived) return NextStatus::Timeout;
+  if (o.taken >= o.plan.num_batches()) return NextStatus::End;
+  Slot& slot = o.slots[static_cast<size_t>(o.taken % prefetch_)];
   *out = std::move(slot.batch);
+  slot.batch = Batch();
   slot.ready = false;
   slot.step = -1;
-  ++o.consumed;
-  pool_->left_pipeline();
+  ++o.taken;
+  const bool freed = !o.native_consumer;
+  if (freed) ++o.retired;
+  // Another consumer of this output may already be able to take the next batch.
+  if (o.waiting > 0 && ready()) o.ready_cv.notify_one();
   lock.unlock();
-  work_cv_.notify_one();  // a slot is free: one waiting worker may claim
+  if (freed) work_cv_.notify_one();  // a window place is free: one waiting worker may claim
   return NextStatus::Ok;
+}
+
+void Pipeline::retire(int output) {
+  if (fork_generation() != fork_generation_) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Output& o = *outputs_.at(static_cast<size_t>(output));
+    if (o.retired >= o.taken) return;  // nothing taken is unretired: a double retire is harmless
+    ++o.retired;
+  }
+  work_cv_.notify_one();
 }
 
 }  // namespace fastload

@@ -1,12 +1,14 @@
 // One epoch of batches: native threads build batches in parallel (sample ids, then a gather of
-// every column into one host buffer) and each output hands them out in order, with at most
-// `prefetch` batches built ahead per output.
+// every column into its own host buffer) and each output hands them out in order, with at most
+// `prefetch` batches per output between being claimed by a thread and leaving the loader's hands.
 #pragma once
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,49 +18,78 @@
 
 namespace fastload {
 
-// Where each part of a batch lives inside its buffer; the same for every batch of a loader.
+// The parts of a batch, each in its own buffer so that a user who keeps one column keeps only
+// that column's memory: the columns in order, then the int64 sample ids, then the bool valid mask.
 struct BatchLayout {
   std::vector<ColumnSpec> columns;
-  bool with_index = false;  // int64 sample ids
-  bool with_valid = false;  // bool, false on padding
+  bool with_index = false;
+  bool with_valid = false;
   int64_t max_rows = 0;
-  std::vector<size_t> column_offsets;  // then index_offset, valid_offset
-  size_t index_offset = 0, valid_offset = 0, total_bytes = 0;
+  std::vector<size_t> part_row_bytes;  // bytes per row of each part
+  int index_part = -1, valid_part = -1;
+  size_t total_bytes = 0;  // all parts of a full batch
 
+  // Throws std::invalid_argument if a part's size would overflow.
   BatchLayout(std::vector<ColumnSpec> columns, bool with_index, bool with_valid, int64_t max_rows);
+  size_t num_parts() const { return part_row_bytes.size(); }
+  size_t part_bytes(size_t part) const { return part_row_bytes[part] * static_cast<size_t>(max_rows); }
 };
 
 struct Batch {
-  std::shared_ptr<HostBuffer> buffer;
+  std::vector<std::shared_ptr<HostBuffer>> parts;  // one per layout part
   int64_t rows = 0;
   int64_t step = 0;
 };
 
-enum class NextStatus { Ok, End, Timeout };
+enum class NextStatus { Ok, End, Timeout, Cancelled };
+
+// A collation thread failed. Keeps the original exception (so std::bad_alloc stays a memory
+// error in Python) and says which batch of which epoch it was.
+class CollationError : public std::runtime_error {
+ public:
+  CollationError(const std::string& message, std::exception_ptr original)
+      : std::runtime_error(message), original_(std::move(original)) {}
+  const std::exception_ptr& original() const { return original_; }
+
+ private:
+  std::exception_ptr original_;
+};
+
+struct OutputSpec {
+  EpochPlan plan;
+  // A native consumer (a device's transfer thread) is woken for every batch, and a batch it
+  // takes keeps its window place until it calls retire(); a Python consumer is woken once
+  // several batches are ready (one wake-up per several batches), and taking a batch retires it.
+  bool native_consumer = false;
+};
 
 class Pipeline {
  public:
-  // One plan per output (device); all share the layout's column sources and the buffer pool.
-  Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<EpochPlan> plans,
-           int64_t prefetch, std::shared_ptr<BufferPool> pool, int64_t fail_at_step = -1);
+  Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<OutputSpec> outputs,
+           int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
+           int64_t fail_at_step = -1);
   ~Pipeline();
 
   // Run by every pool thread; returns when all batches are built, on failure, or on cancel.
   void work();
-  // Stops the workers soon; batches already handed out stay valid.
+  // Stops the workers soon and wakes every consumer (their next() returns Cancelled).
   void cancel();
-  // After cancel() and once no worker runs any more: built batches nobody can take now (next()
-  // throws after cancel) go back to the pool, instead of when the last Python reference dies.
+  bool cancelled() const;
+  // After cancel() and once no worker runs any more: built batches nobody can take now go back
+  // to the pool, instead of when the last reference to this pipeline dies.
   void release_unconsumed();
 
-  // The consumer side: the next batch of `output` in order. Returns End after the last batch,
-  // Timeout if none arrived in time (so the caller can check for signals), and throws
-  // std::runtime_error with the worker's message if a worker failed.
+  // The next batch of `output` in order. Returns End after the last batch, Timeout if none
+  // arrived in time (so the caller can check for signals), Cancelled after cancel(); throws
+  // CollationError if a worker failed. Several threads may wait on one output.
   NextStatus next(int output, std::chrono::milliseconds timeout, Batch* out);
+  // A native consumer's taken batch left the loader's hands (handed out or dropped): its
+  // window place is free for the next batch.
+  void retire(int output);
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const EpochPlan& plan(int output) const { return outputs_[output]->plan; }
-  int64_t handed_out(int output) const;
+  int64_t taken(int output) const;
 
  private:
   struct Slot {
@@ -68,32 +99,32 @@ class Pipeline {
   };
   struct Output {
     EpochPlan plan;
+    bool native_consumer;
+    int64_t wake_batch;
     int64_t next_claim = 0;
-    int64_t consumed = 0;
-    bool consumer_waiting = false;
+    int64_t taken = 0;    // batches handed to the consumer
+    int64_t retired = 0;  // batches that left the loader's hands; the window is [retired, +prefetch)
+    int waiting = 0;      // consumers blocked in next()
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
-    explicit Output(EpochPlan p) : plan(std::move(p)) {}
+    Output(EpochPlan p, bool native, int64_t wake) : plan(std::move(p)), native_consumer(native), wake_batch(wake) {}
   };
 
-  bool claim(int* output, int64_t* step);  // under mutex_; false when nothing is left to claim
+  bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now
   bool worth_waking(const Output& o) const;  // under mutex_
-  void fail_locked(const std::string& message);  // under mutex_: records, wakes everyone
+  void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
   void build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch);
 
   std::shared_ptr<const BatchLayout> layout_;
   const int64_t prefetch_;
-  // A waiting consumer is woken once this many batches are ready in a row, and then takes them
-  // without sleeping: one sleep and wake-up per several batches instead of per batch.
-  const int64_t wake_batch_;
-  std::shared_ptr<BufferPool> pool_;
+  std::vector<std::shared_ptr<BufferPool>> pools_;  // one per layout part
   const int64_t fail_at_step_;
   const uint64_t fork_generation_;  // a forked child must not take mutex_ (see fork_guard.h)
   mutable std::mutex mutex_;
   std::condition_variable work_cv_;
   std::vector<std::unique_ptr<Output>> outputs_;  // condition variables do not move
   bool cancelled_ = false;
-  std::string error_;  // first worker failure; non-empty = failed
+  std::exception_ptr error_;  // the first worker failure, as a CollationError
 };
 
 }  // namespace fastload

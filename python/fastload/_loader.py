@@ -12,7 +12,7 @@ import torch
 
 from . import _C, _lifecycle
 from ._dataset import Dataset, Windows, _as_int
-from ._environment import default_num_threads, resolve_device, resolve_rank
+from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._state import check_state, make_state
 
 Source = Union[Dataset, Windows]
@@ -43,17 +43,22 @@ class _Run:
 
 
 class LoaderIterator:
-    """Hands out one output's batches of one epoch, in order, as dict[str, torch.Tensor]."""
+    """Hands out one output's batches of one epoch, in order, as dict[str, torch.Tensor].
 
-    __slots__ = ("_loader", "_run", "_output", "_engine", "_names", "_device")
+    On a GPU each batch is ready on the stream that was current (torch.cuda.current_stream) when
+    next() was called: that stream was made to wait for the batch's copy, without a host sync.
+    """
+
+    __slots__ = ("_loader", "_run", "_output", "_engine", "_names", "_device", "_raw")
 
     def __init__(self, loader: "Loader", run: _Run, output: int, engine: Any, names: list[str],
-                 device: torch.device):
+                 device: torch.device | None, raw: bool):
         # Holding the loader keeps `for batch in Loader(...)` alive while the loop runs.
         self._loader = loader
         self._run, self._output, self._engine = run, output, engine
         self._names = names
-        self._device = None if device.type == "cpu" else device
+        self._device = device  # None: a CPU output
+        self._raw = raw
 
     def __iter__(self) -> "LoaderIterator":
         return self
@@ -62,8 +67,11 @@ class LoaderIterator:
         return self._run.num_batches - self._run.handed[self._output]
 
     def __next__(self) -> dict[str, torch.Tensor]:
+        stream = 0
+        if self._device is not None and not self._raw:
+            stream = torch.cuda.current_stream(self._device).cuda_stream
         try:  # in a forked child the native side raises: the threads are the parent's
-            parts = self._engine.next(self._run.pipeline, self._output)
+            parts = self._engine.next(self._run.pipeline, self._output, stream, self._raw)
         except RuntimeError as e:
             if self._run.superseded:
                 raise RuntimeError(
@@ -74,11 +82,9 @@ class LoaderIterator:
         if parts is None:
             raise StopIteration
         self._run.handed[self._output] += 1
-        batch = dict(zip(self._names, map(torch.from_dlpack, parts)))
-        if self._device is not None:
-            # Until the CUDA transfer engine lands: a synchronous copy, correct but not overlapped.
-            batch = {k: v.to(self._device) for k, v in batch.items()}
-        return batch
+        if self._raw:
+            return dict(zip(self._names, parts))
+        return dict(zip(self._names, map(torch.from_dlpack, parts)))
 
 
 class Loader:
@@ -128,12 +134,15 @@ class Loader:
         # makes a rank's batch exceed the dataset), so buffers are sized for that.
         max_rows = min(self._batch_size, len(source))
         self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], max_rows, threads,
-                                 self._prefetch, self._with_index, even == "mask")
+                                 self._prefetch, self._with_index, even == "mask", self._streams)
         self._run: _Run | None = None
         self._pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
         self._last_epoch = -1
         self._replicas = self._world_size  # data-parallel consumers: world_size x devices per rank
         self._fail_at_batch = -1  # test hook: a collation thread raises on this batch
+        # Test hook: GPU batches as raw device parts read back through the driver (the stand-in
+        # driver's "device" memory is host memory that torch cannot import as CUDA).
+        self._raw_device_batches = False
         _lifecycle.register(self)
 
     # ------------------------------------------------------------------ properties
@@ -202,14 +211,31 @@ class Loader:
             self._pending = None
         else:
             epoch, start = self._last_epoch + 1, 0
+        indices = [self._gpu_index(dev) for dev in devices]
         if self._run is not None:
             self._run.superseded = True
-        pipeline = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch)
+        pipeline = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
         self._run = _Run(epoch, pipeline, len(devices))
         self._last_epoch = epoch
         self._replicas = self._world_size * len(devices)
-        return [LoaderIterator(self, self._run, d, self._engine, self._names, dev)
-                for d, dev in enumerate(devices)]
+        return [LoaderIterator(self, self._run, d, self._engine, self._names,
+                               None if i < 0 else torch.device("cuda", i), self._raw_device_batches)
+                for d, (dev, i) in enumerate(zip(devices, indices))]
+
+    def _gpu_index(self, device: torch.device) -> int:
+        """-1 for the CPU; else the GPU's index, after checking (at the first GPU iter(), never
+        at construction) that fastload's driver and PyTorch can both use it."""
+        if device.type != "cuda":
+            return -1
+        index = cuda_index(device)
+        count = _C.cuda_device_count()  # loads the driver; RuntimeError says why it cannot
+        if not 0 <= index < count:
+            raise ValueError(f"device {device} does not exist: the CUDA driver sees {count} device(s)")
+        if not self._raw_device_batches and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"fastload's CUDA driver sees {count} device(s) but PyTorch sees none, so batches could "
+                "not become torch tensors; is this PyTorch a CPU-only build?")
+        return index
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self._start([self._device])[0]
@@ -275,6 +301,12 @@ class Loader:
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
+
+    def _memory(self) -> dict[str, int]:
+        """Bytes and buffers the loader's pools have allocated and not freed (batches users still
+        hold included): host_bytes (pageable), pinned_bytes, device_bytes, and their counts."""
+        self._check_usable()
+        return self._engine.memory()
 
     def __repr__(self) -> str:
         return (f"Loader({self._source!r}, batch_size={self._batch_size}, shuffle={self._shuffle}, "

@@ -1,0 +1,240 @@
+// The per-device transfer engine; see transfer_engine.h.
+#include "cuda/transfer_engine.h"
+
+#include <utility>
+
+namespace fastload::cuda {
+
+TransferEngine::TransferEngine(int device, int streams, std::shared_ptr<const BatchLayout> layout,
+                               int64_t prefetch, Misuse misuse)
+    : ctx_(PrimaryContext::retain(device)), layout_(std::move(layout)), prefetch_(prefetch),
+      misuse_(misuse), spare_events_(std::make_shared<std::vector<Event*>>()),
+      events_mutex_(std::make_shared<std::mutex>()) {
+  if (streams <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams));
+  streams_.reserve(static_cast<size_t>(streams));
+  for (int i = 0; i < streams; ++i) streams_.emplace_back(ctx_);
+  // Loader-held device memory: the window's batches plus one spare per part.
+  for (size_t p = 0; p < layout_->num_parts(); ++p)
+    pools_.push_back(DevicePool::create(ctx_, layout_->part_bytes(p), prefetch_ + 1));
+}
+
+TransferEngine::~TransferEngine() {
+  stop();
+  // Every copy must have finished before the device buffers and streams go.
+  for (Stream& s : streams_) {
+    try {
+      s.synchronize();
+    } catch (const std::exception&) {
+    }
+  }
+  std::lock_guard<std::mutex> lock(*events_mutex_);
+  for (Event* e : *spare_events_) delete e;
+  spare_events_->clear();
+}
+
+std::shared_ptr<Event> TransferEngine::take_event() {
+  Event* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(*events_mutex_);
+    if (!spare_events_->empty()) {
+      e = spare_events_->back();
+      spare_events_->pop_back();
+    }
+  }
+  if (!e) e = new Event(ctx_);
+  // Returns to the spares when both the in-flight record and the undelivered batch let go.
+  auto spares = spare_events_;
+  auto mutex = events_mutex_;
+  return std::shared_ptr<Event>(e, [spares, mutex](Event* ev) {
+    std::lock_guard<std::mutex> lock(*mutex);
+    try {
+      spares->push_back(ev);
+    } catch (...) {
+      delete ev;
+    }
+  });
+}
+
+void TransferEngine::start(std::shared_ptr<Pipeline> pipeline, int output) {
+  stop();
+  for (auto& pool : pools_) pool->set_keep(prefetch_ + 1);  // the last epoch's growth goes now
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished_ = cancelled_ = stopping_ = false;
+    error_ = nullptr;
+    pipeline_ = pipeline;
+    output_ = output;
+  }
+  thread_ = std::thread([this, pipeline, output] { run(pipeline, output); });
+}
+
+void TransferEngine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  ready_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::deque<DeviceBatch> unseen;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    unseen.swap(ready_);
+    pipeline_.reset();
+    finished_ = true;
+  }
+  for (DeviceBatch& b : unseen) drop(b);
+}
+
+void TransferEngine::drop(DeviceBatch& b) noexcept {
+  // Nobody saw these buffers: the next copy into them waits for this batch's own copy.
+  for (auto& part : b.parts) part->release_after(b.copy_stream);
+  b = DeviceBatch();
+}
+
+void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
+  std::exception_ptr error;
+  bool cancelled = false;
+  try {
+    ctx_->make_current();
+    for (int64_t index = 0;; ++index) {
+      retire(false);
+      Batch batch;
+      // While copies are in flight, look back soon to return their pinned slots.
+      const auto wait = in_flight_.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(1);
+      NextStatus status;
+      while ((status = pipeline->next(output, wait, &batch)) == NextStatus::Timeout) {
+        retire(false);
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) break;
+      }
+      if (status == NextStatus::Timeout) {  // stopping
+        cancelled = true;
+        break;
+      }
+      if (status == NextStatus::End) break;
+      if (status == NextStatus::Cancelled) {
+        cancelled = true;
+        break;
+      }
+      // Bounded pinned memory: at most in_flight_limit() copies whose slots are still busy.
+      while (static_cast<int64_t>(in_flight_.size()) >= in_flight_limit()) retire(true);
+      issue(std::move(batch), index);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  try {
+    while (!in_flight_.empty()) retire(true);
+  } catch (...) {
+    if (!error) error = std::current_exception();
+    in_flight_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = error;
+    cancelled_ = cancelled;
+    finished_ = true;
+  }
+  ready_cv_.notify_all();
+}
+
+void TransferEngine::issue(Batch batch, int64_t index) {
+  const Stream& stream = streams_[static_cast<size_t>(index) % streams_.size()];
+  const api::Functions& f = driver();
+  DeviceBatch d;
+  d.rows = batch.rows;
+  d.step = batch.step;
+  d.copy_stream = stream.get();
+  int64_t bytes = 0;
+  try {
+    for (size_t p = 0; p < batch.parts.size(); ++p) {
+      std::shared_ptr<DeviceBuffer> buffer = pools_[p]->acquire();
+      d.parts.push_back(buffer);
+      if (buffer->release_pending() && misuse_ != Misuse::SkipReleaseWait)
+        check(f.cuStreamWaitEvent(stream.get(), buffer->release_event().get(), 0), "cuStreamWaitEvent");
+      const size_t n = layout_->part_row_bytes[p] * static_cast<size_t>(batch.rows);
+      if (n) check(f.cuMemcpyHtoDAsync(buffer->ptr(), batch.parts[p]->data(), n, stream.get()), "cuMemcpyHtoDAsync");
+      bytes += static_cast<int64_t>(n);
+    }
+    d.copy_done = take_event();
+    d.copy_done->record(stream.get());
+  } catch (...) {
+    drop(d);
+    throw;
+  }
+  if (misuse_ == Misuse::EarlyHostRelease)
+    batch = Batch();  // the deliberate bug: slots back to collation while their copy may not have run
+  else
+    in_flight_.push_back({std::move(batch), d.copy_done});
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready_.push_back(std::move(d));
+    ++batches_;
+    bytes_ += bytes;
+  }
+  ready_cv_.notify_one();
+}
+
+void TransferEngine::retire(bool block_for_oldest) {
+  while (!in_flight_.empty()) {
+    InFlight& oldest = in_flight_.front();
+    if (block_for_oldest) {
+      oldest.copied->synchronize();
+      block_for_oldest = false;
+    } else if (!oldest.copied->done()) {
+      return;
+    }
+    in_flight_.pop_front();  // the pinned parts return to their pools
+  }
+}
+
+NextStatus TransferEngine::next(const Pipeline* epoch, api::CUstream consumer_stream,
+                                std::chrono::milliseconds timeout, DeviceBatch* out) {
+  std::shared_ptr<Pipeline> pipeline;
+  int output;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (pipeline_.get() != epoch) return NextStatus::Cancelled;
+    ready_cv_.wait_for(lock, timeout, [&] { return !ready_.empty() || finished_; });
+    if (ready_.empty()) {
+      if (error_) std::rethrow_exception(error_);
+      if (!finished_) return NextStatus::Timeout;
+      return cancelled_ || !pipeline_ ? NextStatus::Cancelled : NextStatus::End;
+    }
+    *out = std::move(ready_.front());
+    ready_.pop_front();
+    pipeline = pipeline_;
+    output = output_;
+  }
+  try {
+    if (misuse_ != Misuse::SkipConsumerWait) {
+      ScopedContext scope(*ctx_);
+      check(driver().cuStreamWaitEvent(consumer_stream, out->copy_done->get(), 0), "cuStreamWaitEvent");
+    }
+  } catch (...) {
+    drop(*out);
+    if (pipeline) pipeline->retire(output);
+    throw;
+  }
+  out->copy_done.reset();
+  if (pipeline) pipeline->retire(output);  // the batch left the loader's hands: a window place is free
+  return NextStatus::Ok;
+}
+
+TransferCounts TransferEngine::counts() const {
+  TransferCounts c;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    c.batches = batches_;
+    c.bytes = bytes_;
+  }
+  for (const auto& pool : pools_) {
+    const int64_t live = pool->live();
+    c.device_buffers += live;
+    c.device_bytes += live * static_cast<int64_t>(pool->buffer_bytes());
+    c.device_allocations += pool->allocations();
+  }
+  return c;
+}
+
+}  // namespace fastload::cuda

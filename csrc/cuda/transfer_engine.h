@@ -1,0 +1,105 @@
+// One device's transfer engine: a native thread takes its output's collated batches in order as
+// soon as they exist, copies each part to a device buffer on one of its non-blocking streams
+// (one copy per part, only the rows the batch has), records a copy event, and queues the batch
+// for the consumer. The consumer's stream waits on that event when the batch is handed out: no
+// host synchronisation on the hot path. Pinned host slots return to their pool only once their
+// copy event has completed; device buffers are rewritten only after their release event.
+//
+// Streams, device buffers and events live as long as the engine (across epochs); each epoch
+// attaches a pipeline output and a thread (start/stop).
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/pipeline.h"
+#include "cuda/handles.h"
+#include "cuda/memory.h"
+
+namespace fastload::cuda {
+
+// Deliberate misuses, for the tests that prove the stand-in driver catches each one.
+enum class Misuse { None, SkipConsumerWait, SkipReleaseWait, EarlyHostRelease };
+
+struct DeviceBatch {
+  std::vector<std::shared_ptr<DeviceBuffer>> parts;
+  int64_t rows = 0;
+  int64_t step = 0;
+  api::CUstream copy_stream = nullptr;
+  std::shared_ptr<Event> copy_done;
+};
+
+struct TransferCounts {
+  int64_t batches = 0;        // copied
+  int64_t bytes = 0;          // copied
+  int64_t device_buffers = 0; // live device buffers, all parts
+  int64_t device_bytes = 0;
+  int64_t device_allocations = 0;
+};
+
+class TransferEngine {
+ public:
+  TransferEngine(int device, int streams, std::shared_ptr<const BatchLayout> layout, int64_t prefetch,
+                 Misuse misuse = Misuse::None);
+  ~TransferEngine();  // stops, drains the streams, frees what no live batch holds
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // Copies in flight beyond the prefetch window whose pinned slots are still busy.
+  int64_t in_flight_limit() const { return static_cast<int64_t>(streams_.size()) + 1; }
+  const std::shared_ptr<PrimaryContext>& context() const { return ctx_; }
+  int device() const { return ctx_->device(); }
+
+  // Starts feeding from `pipeline`'s `output` (stopping a previous epoch first).
+  void start(std::shared_ptr<Pipeline> pipeline, int output);
+  // Joins the thread, drops batches nobody took, waits for the copies in flight. The pipeline
+  // must have been cancelled or finished. Idempotent.
+  void stop();
+
+  // The next batch, ready on `consumer_stream` (which is made to wait on its copy). Ok, End,
+  // Timeout or Cancelled; rethrows a collation failure or a driver error.
+  // `epoch` is the pipeline the caller's iterator belongs to: once this engine serves a newer
+  // one, the old iterator gets Cancelled.
+  NextStatus next(const Pipeline* epoch, api::CUstream consumer_stream, std::chrono::milliseconds timeout,
+                  DeviceBatch* out);
+  TransferCounts counts() const;
+
+ private:
+  struct InFlight {
+    Batch host;  // pinned parts, released when `copied` completes
+    std::shared_ptr<Event> copied;
+  };
+  void run(std::shared_ptr<Pipeline> pipeline, int output);
+  void issue(Batch batch, int64_t index);
+  void retire(bool block_for_oldest);
+  std::shared_ptr<Event> take_event();
+  void drop(DeviceBatch& b) noexcept;
+
+  std::shared_ptr<PrimaryContext> ctx_;
+  std::shared_ptr<const BatchLayout> layout_;
+  const int64_t prefetch_;
+  const Misuse misuse_;
+  std::vector<Stream> streams_;
+  std::vector<std::shared_ptr<DevicePool>> pools_;  // one per part
+  std::deque<InFlight> in_flight_;  // transfer thread only
+  std::shared_ptr<std::vector<Event*>> spare_events_;  // recycled copy events
+  std::shared_ptr<std::mutex> events_mutex_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable ready_cv_;
+  std::deque<DeviceBatch> ready_;
+  std::shared_ptr<Pipeline> pipeline_;
+  int output_ = 0;
+  bool finished_ = false, cancelled_ = false, stopping_ = false;
+  std::exception_ptr error_;
+  int64_t batches_ = 0, bytes_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace fastload::cuda
