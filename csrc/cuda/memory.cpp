@@ -79,6 +79,9 @@ void DevicePool::give_back(DeviceBuffer* b) noexcept {
 void DevicePool::free_buffer(DeviceBuffer* b) noexcept {
   {
     ScopedContext scope(*ctx_);
+    // The last consumer's queued reads may still run: freeing under them would be a
+    // use-after-free on the device (cuMemFree's implicit synchronisation is not a contract).
+    if (b->release_pending_) log_failure(driver().cuEventSynchronize(b->release_.get()), "cuEventSynchronize");
     log_failure(driver().cuMemFree(b->ptr_), "cuMemFree");
   }
   delete b;

@@ -19,14 +19,7 @@ TransferEngine::TransferEngine(int device, int streams, std::shared_ptr<const Ba
 }
 
 TransferEngine::~TransferEngine() {
-  stop();
-  // Every copy must have finished before the device buffers and streams go.
-  for (Stream& s : streams_) {
-    try {
-      s.synchronize();
-    } catch (const std::exception&) {
-    }
-  }
+  close();
   std::lock_guard<std::mutex> lock(*events_mutex_);
   for (Event* e : *spare_events_) delete e;
   spare_events_->clear();
@@ -83,6 +76,18 @@ void TransferEngine::stop() {
     finished_ = true;
   }
   for (DeviceBatch& b : unseen) drop(b);
+}
+
+void TransferEngine::close() {
+  stop();
+  // Every copy must have finished before device buffers go.
+  for (Stream& s : streams_) {
+    try {
+      s.synchronize();
+    } catch (const std::exception&) {
+    }
+  }
+  for (auto& pool : pools_) pool->set_keep(0);
 }
 
 void TransferEngine::drop(DeviceBatch& b) noexcept {

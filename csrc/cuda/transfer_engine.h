@@ -61,6 +61,9 @@ class TransferEngine {
   // Joins the thread, drops batches nobody took, waits for the copies in flight. The pipeline
   // must have been cancelled or finished. Idempotent.
   void stop();
+  // stop(), then waits for the streams and frees every device buffer no live batch holds.
+  // Iterators that still reference the engine get Cancelled.
+  void close();
 
   // The next batch, ready on `consumer_stream` (which is made to wait on its copy). Ok, End,
   // Timeout or Cancelled; rethrows a collation failure or a driver error.

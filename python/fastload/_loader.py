@@ -5,6 +5,7 @@ the core and wraps each column's memory as a tensor (DLPack, no copy).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Sequence, Union
 
 import numpy as np
@@ -23,68 +24,19 @@ _MAX_SEED = 2**64 - 1
 _BLOCK_SIZE = 4096
 
 
-class _Run:
-    """One started epoch: the native pipeline and how many batches each output handed out."""
-
-    __slots__ = ("epoch", "pipeline", "handed", "num_batches", "superseded")
-
-    def __init__(self, epoch: int, pipeline: Any, outputs: int):
-        self.epoch, self.pipeline = epoch, pipeline
-        self.handed = [0] * outputs
-        self.num_batches = pipeline.num_batches(0)
-        self.superseded = False
-
-    def finished(self) -> bool:
-        return min(self.handed) >= self.num_batches
-
-    def position(self) -> int:
-        """Global position after the steps handed out on every output."""
-        return self.pipeline.position_after(0, min(self.handed))
+# One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
+# csrc/bindings/loader_binding.h): a Ctrl-C can never fall between taking a batch and handing it
+# over. On a GPU each batch is ready on the stream that was current when next() was called.
+LoaderIterator = _C.Iterator
 
 
-class LoaderIterator:
-    """Hands out one output's batches of one epoch, in order, as dict[str, torch.Tensor].
+def _finished(run: Any, outputs: int) -> bool:
+    return min(run.handed(d) for d in range(outputs)) >= run.num_batches(0)
 
-    On a GPU each batch is ready on the stream that was current (torch.cuda.current_stream) when
-    next() was called: that stream was made to wait for the batch's copy, without a host sync.
-    """
 
-    __slots__ = ("_loader", "_run", "_output", "_engine", "_names", "_device", "_raw")
-
-    def __init__(self, loader: "Loader", run: _Run, output: int, engine: Any, names: list[str],
-                 device: torch.device | None, raw: bool):
-        # Holding the loader keeps `for batch in Loader(...)` alive while the loop runs.
-        self._loader = loader
-        self._run, self._output, self._engine = run, output, engine
-        self._names = names
-        self._device = device  # None: a CPU output
-        self._raw = raw
-
-    def __iter__(self) -> "LoaderIterator":
-        return self
-
-    def __len__(self) -> int:
-        return self._run.num_batches - self._run.handed[self._output]
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        stream = 0
-        if self._device is not None and not self._raw:
-            stream = torch.cuda.current_stream(self._device).cuda_stream
-        try:  # in a forked child the native side raises: the threads are the parent's
-            parts = self._engine.next(self._run.pipeline, self._output, stream, self._raw)
-        except RuntimeError as e:
-            if self._run.superseded:
-                raise RuntimeError(
-                    "this iterator's epoch was ended by a newer iter()/split() on the same Loader, "
-                    "or by close(); take batches from the newest iterator"
-                ) from e
-            raise
-        if parts is None:
-            raise StopIteration
-        self._run.handed[self._output] += 1
-        if self._raw:
-            return dict(zip(self._names, parts))
-        return dict(zip(self._names, map(torch.from_dlpack, parts)))
+def _position(run: Any, outputs: int) -> int:
+    """Global position after the steps handed out on every output."""
+    return run.position_after(0, min(run.handed(d) for d in range(outputs)))
 
 
 class Loader:
@@ -135,7 +87,10 @@ class Loader:
         max_rows = min(self._batch_size, len(source))
         self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], max_rows, threads,
                                  self._prefetch, self._with_index, even == "mask", self._streams)
-        self._run: _Run | None = None
+        self._run: Any = None  # the running epoch (_C.Epoch)
+        self._outputs = 1  # iterators of the running epoch (devices after split)
+        # Loader methods may be called from several threads: epochs and state change under it.
+        self._lock = threading.RLock()
         self._pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
         self._last_epoch = -1
         self._replicas = self._world_size  # data-parallel consumers: world_size x devices per rank
@@ -195,9 +150,10 @@ class Loader:
         epoch = _as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
-        if self._pending is not None and self._pending[0] == epoch:
-            return
-        self._pending = (epoch, 0)
+        with self._lock:
+            if self._pending is not None and self._pending[0] == epoch:
+                return
+            self._pending = (epoch, 0)
 
     # ------------------------------------------------------------------ iteration
     def _check_usable(self) -> None:
@@ -205,22 +161,22 @@ class Loader:
             raise RuntimeError("this Loader is closed")
 
     def _start(self, devices: list[torch.device]) -> list[LoaderIterator]:
-        self._check_usable()
-        if self._pending is not None:
-            epoch, start = self._pending
+        with self._lock:
+            self._check_usable()
+            indices = [self._gpu_index(dev) for dev in devices]
+            if self._pending is not None:
+                epoch, start = self._pending
+            else:
+                epoch, start = self._last_epoch + 1, 0
+            if self._run is not None:
+                self._run.superseded = True
+            run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
             self._pending = None
-        else:
-            epoch, start = self._last_epoch + 1, 0
-        indices = [self._gpu_index(dev) for dev in devices]
-        if self._run is not None:
-            self._run.superseded = True
-        pipeline = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
-        self._run = _Run(epoch, pipeline, len(devices))
-        self._last_epoch = epoch
-        self._replicas = self._world_size * len(devices)
-        return [LoaderIterator(self, self._run, d, self._engine, self._names,
-                               None if i < 0 else torch.device("cuda", i), self._raw_device_batches)
-                for d, (dev, i) in enumerate(zip(devices, indices))]
+            self._run, self._outputs = run, len(devices)
+            self._last_epoch = epoch
+            self._replicas = self._world_size * len(devices)
+            return [LoaderIterator(self, self._engine, run, d, self._names, i, self._raw_device_batches)
+                    for d, i in enumerate(indices)]
 
     def _gpu_index(self, device: torch.device) -> int:
         """-1 for the CPU; else the GPU's index, after checking (at the first GPU iter(), never
@@ -255,39 +211,43 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where the next batch comes from: counts batches handed out (on every device after
         split), not batches built ahead."""
-        if self._pending is not None:
-            epoch, position = self._pending
-        elif self._run is None:
-            epoch, position = self._last_epoch + 1, 0
-        elif self._run.finished():
-            epoch, position = self._run.epoch + 1, 0
-        else:
-            epoch, position = self._run.epoch, self._run.position()
-        return make_state(num_samples=len(self._source), seed=self._seed, shuffle=self._shuffle, order=self._order,
-                          even=self._even, drop_last=self._drop_last, epoch=epoch, position=position,
-                          batch_size=self._batch_size, replicas=self._replicas)
+        with self._lock:
+            if self._pending is not None:
+                epoch, position = self._pending
+            elif self._run is None:
+                epoch, position = self._last_epoch + 1, 0
+            elif _finished(self._run, self._outputs):
+                epoch, position = self._run.epoch + 1, 0
+            else:
+                epoch, position = self._run.epoch, _position(self._run, self._outputs)
+            return make_state(num_samples=len(self._source), seed=self._seed, shuffle=self._shuffle,
+                              order=self._order, even=self._even, drop_last=self._drop_last, epoch=epoch,
+                              position=position, batch_size=self._batch_size, replicas=self._replicas)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
         another world size or batch size (from the same global sample position)."""
-        self._check_usable()
-        state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order)
-        self._seed = int(state["seed"])
-        if self._run is not None:
-            self._run.superseded = True
-            self._run.pipeline.cancel()
-            self._run = None
-        self._pending = (int(state["epoch"]), int(state["position"]))
-        self._last_epoch = self._pending[0] - 1
+        with self._lock:
+            self._check_usable()
+            state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order)
+            self._seed = int(state["seed"])
+            if self._run is not None:
+                self._run.superseded = True
+                self._run.cancel()
+                self._run = None
+            self._pending = (int(state["epoch"]), int(state["position"]))
+            self._last_epoch = self._pending[0] - 1
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
-        """Stops and joins the collation threads. Batches already handed out stay valid."""
-        engine, self._engine = self._engine, None
-        if engine is None:
-            return
-        if self._run is not None:
-            self._run.superseded = True
+        """Stops and joins the collation threads and the transfer engines. Batches already
+        handed out stay valid (on the GPU too)."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+            if engine is None:
+                return
+            if self._run is not None:
+                self._run.superseded = True
         engine.close()  # in a forked child this leaves the parent's threads alone
 
     def __enter__(self) -> "Loader":
