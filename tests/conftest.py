@@ -15,10 +15,15 @@ def pytest_collection_modifyitems(config, items):
     require = os.environ.get("FASTLOAD_REQUIRE_CUDA") == "1"
     for item in items:
         if "cuda" in item.keywords:
-            if require:
-                item.add_marker(pytest.mark.xfail(reason="FASTLOAD_REQUIRE_CUDA=1 but no GPU", strict=True, run=False))
+            if require:  # a failure, not a skip: a broken GPU machine must not pass
+                item.add_marker(pytest.mark.usefixtures("_fail_without_cuda"))
             else:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture
+def _fail_without_cuda():
+    pytest.fail("FASTLOAD_REQUIRE_CUDA=1 but no usable CUDA GPU", pytrace=False)
 
 
 @pytest.fixture

@@ -102,9 +102,8 @@ def test_set_epoch_and_plan_reject_bad_epochs():
         loader.plan(-2)
 
 
+@pytest.mark.cuda
 def test_gpu_tensor_columns_are_refused_when_present():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     with pytest.raises(ValueError, match="must be a CPU tensor"):
         fl.Dataset({"x": torch.zeros(3, device="cuda")})
 
