@@ -17,7 +17,7 @@ SMALL = ["--samples", "3000", "--features", "16", "--batch-size", "64", "--hidde
 TINY = [*SMALL, "--steps", "30", "--log-every", "10"]
 SUMMARY = [r"fastload summary: 30 steps, 1,920 samples", r"throughput +[\d,]+ samples/s",
            r"data wait +[\d.]+% of step time", r"loss +[\d.]+ -> [\d.]+", r"dataset +3,000 x 16 float16",
-           r"settings +threads=\d+ (\(auto\) )?prefetch=4 batch-size=64 device=\S+"]
+           r"settings +threads=\d+ (\(auto\) )?prefetch=4 streams=n/a batch-size=64 device=\S+"]
 
 
 def run_main(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -104,6 +104,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="collation threads (default: the CPUs this process may use)")
     loader.add_argument("--prefetch", type=_positive_int, default=4, metavar="P",
                         help="batches in flight (default: %(default)s)")
+    loader.add_argument("--streams", type=_positive_int, default=1, metavar="S",
+                        help="copy streams per GPU (default: %(default)s; no effect on the CPU)")
     loader.add_argument("--device", default=None, metavar="DEV",
                         help="'cpu', 'cuda' or 'cuda:N' (default: cuda:LOCAL_RANK if a GPU is usable, else cpu)")
 
@@ -349,6 +351,7 @@ def summary(stats: Stats, loader: fl.Loader, args: argparse.Namespace, dataset_m
         f"(mean of the first and last {_LOSS_WINDOW} steps)",
         f"  dataset     {args.samples:,} x {args.features} {args.dtype} + int64 label = {dataset_mb:,.1f} MB",
         f"  settings    threads={knob(loader.num_threads, args.threads)} prefetch={args.prefetch} "
+        f"streams={args.streams if on_cuda else 'n/a'} "
         f"batch-size={args.batch_size} device={knob(loader.device, args.device)} "
         f"sync={('on' if sync else 'off') if on_cuda else 'n/a'} (torch-threads={torch.get_num_threads()})",
     ]
@@ -370,7 +373,8 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
     dataset_mb = sum(c.nbytes for c in columns.values()) / 1e6
     try:
         loader = fl.Loader(fl.Dataset(columns), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                           num_threads=args.threads, prefetch=args.prefetch, device=args.device)
+                           num_threads=args.threads, prefetch=args.prefetch, streams=args.streams,
+                           device=args.device)
     except ValueError as e:  # e.g. --device cuda without a GPU: a usage error, not a crash
         print(f"python -m fastload: error: {e}", file=log)
         return 2
