@@ -4,6 +4,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,7 @@
 
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
+#include "bindings/run_stats.h"
 #include "bindings/without_gil.h"
 #include "core/engine.h"
 #include "cuda/driver.h"
@@ -47,6 +49,7 @@ struct Run {
   int64_t epoch = 0;
   std::vector<int64_t> handed;  // batches each output handed to the user; changed with the GIL held
   bool superseded = false;      // a newer iter()/split(), load_state_dict() or close() ended it
+  RunStats stats;               // all outputs together
 };
 
 // A wait ended because the epoch was cancelled.
@@ -194,12 +197,14 @@ class PyEngine {
   // valid), or None after the last batch; throws Cancelled. For a GPU output, `stream` is the
   // consumer's stream (torch.cuda.current_stream().cuda_stream), made to wait on the batch's
   // copy; with raw=True the parts come back as RawDevicePart (tests with the stand-in driver).
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw) {
+  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows) {
     engine_->check_not_forked();
     const auto& transfer = run.transfers.at(static_cast<size_t>(output));
-    if (transfer) return next_device(run, *transfer, output, reinterpret_cast<cuda::api::CUstream>(stream), raw);
+    if (transfer)
+      return next_device(run, *transfer, output, reinterpret_cast<cuda::api::CUstream>(stream), raw, rows);
     Batch batch;
     if (!wait(run, [&] { return run.pipeline->next(output, kSignalCheckInterval, &batch); })) return py::none();
+    *rows = batch.rows;
     py::list parts;
     for (size_t p = 0; p < part_meta_.size(); ++p) {
       batch.parts[p]->hand_to_user();
@@ -239,6 +244,74 @@ class PyEngine {
 
   void set_misuse(const std::string& m) { misuse_ = parse_misuse(m); }
 
+  // Batches built (and, for a GPU, copied) and waiting for `output`'s consumer.
+  int64_t ready(const Run& run, int output) const {
+    const auto& transfer = run.transfers[static_cast<size_t>(output)];
+    return transfer ? transfer->ready_count() : run.pipeline->ready_count(output);
+  }
+
+  int64_t batch_bytes(int64_t rows) const {
+    int64_t row = 0;
+    for (size_t b : layout_->part_row_bytes) row += static_cast<int64_t>(b);
+    return row * rows;
+  }
+
+  // One epoch's counters (see fastload.LoaderStats for what each means).
+  py::dict stats(const Run& run) const {
+    py::dict d;
+    const RunStats& r = run.stats;
+    d["epoch"] = run.epoch;
+    d["batches"] = r.batches;
+    d["samples"] = r.samples;
+    d["bytes"] = r.bytes;
+    d["wait_s"] = static_cast<double>(r.wait_ns) * 1e-9;
+    d["wall_s"] = std::chrono::duration<double>(RunStats::Clock::now() - r.started).count();
+    d["ready_mean"] = r.batches ? static_cast<double>(r.ready_sum) / static_cast<double>(r.batches) : 0.0;
+    d["collation"] = stage(run.pipeline->collation_times());
+    py::dict copies;
+    for (size_t o = 0; o < run.transfers.size(); ++o)
+      if (run.transfers[o]) copies[py::str("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o))] =
+          stage(run.transfers[o]->copy_times());
+    d["copy"] = copies;
+    d["num_threads"] = engine_->num_threads();
+    d["prefetch"] = prefetch_;
+    d["streams"] = streams_;
+    return d;
+  }
+
+  // After a hand-out: if the loop waited for more than RunStats::kStallShare of the last
+  // RunStats::kWindow batches, a one-time hint naming the knob the counters point to. It is
+  // logged at the start of the next next(), before a batch is taken (logging runs Python).
+  void check_stall(const Run& run, double share) {
+    if (stall_warned_ || share <= RunStats::kStallShare) return;
+    stall_warned_ = true;
+    const double step = run.stats.window_step_ns();
+    const StageTimes collation = run.pipeline->collation_times();
+    const double build = static_cast<double>(collation.quantile_ns(0.5)) / std::max(1, engine_->num_threads());
+    double copy = 0;
+    for (const auto& t : run.transfers)
+      if (t) copy = std::max(copy, static_cast<double>(t->copy_times().quantile_ns(0.5)));
+    std::string knob;
+    if (build > 0.8 * step)
+      knob = "collation is the bottleneck (" + std::to_string(engine_->num_threads()) +
+             " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
+    else if (copy > 0.8 * step * static_cast<double>(streams_))
+      knob = "the host-to-device copy is the bottleneck: raise streams (now " + std::to_string(streams_) +
+             "), or store fewer bytes per sample";
+    else
+      knob = "batches arrive irregularly: raise prefetch (now " + std::to_string(prefetch_) + ")";
+    pending_warning_ = "fastload: the training loop waited for data " + std::to_string(static_cast<int>(share * 100)) +
+                       "% of the time over the last " + std::to_string(RunStats::kWindow) + " batches; " + knob +
+                       ". See loader.stats().";
+  }
+
+  void flush_warning() {
+    if (pending_warning_.empty()) return;
+    std::string message;
+    message.swap(pending_warning_);
+    py::module_::import("logging").attr("getLogger")("fastload").attr("warning")(message);
+  }
+
  private:
   // Waits in slices with the GIL released, checking for Ctrl-C in between. False at the end.
   template <typename F>
@@ -253,10 +326,11 @@ class PyEngine {
   }
 
   py::object next_device(const Run& run, cuda::TransferEngine& transfer, int output, cuda::api::CUstream stream,
-                         bool raw) {
+                         bool raw, int64_t* rows) {
     cuda::DeviceBatch batch;
     if (!wait(run, [&] { return transfer.next(run.pipeline.get(), stream, kSignalCheckInterval, &batch); }))
       return py::none();
+    *rows = batch.rows;
     py::list parts;
     for (size_t p = 0; p < part_meta_.size(); ++p) {
       auto user = std::make_shared<UserDevicePart>(std::move(batch.parts[p]), stream);
@@ -275,6 +349,15 @@ class PyEngine {
     return std::move(parts);
   }
 
+  static py::dict stage(const StageTimes& t) {
+    py::dict d;
+    d["count"] = t.count();
+    d["busy_s"] = static_cast<double>(t.total_ns()) * 1e-9;
+    d["p50_s"] = static_cast<double>(t.quantile_ns(0.5)) * 1e-9;
+    d["p99_s"] = static_cast<double>(t.quantile_ns(0.99)) * 1e-9;
+    return d;
+  }
+
   void stop_transfers() {
     for (auto& t : transfers_)
       if (t) t->stop();
@@ -285,6 +368,8 @@ class PyEngine {
   const int64_t prefetch_;
   const int streams_;
   cuda::Misuse misuse_ = cuda::Misuse::None;
+  bool stall_warned_ = false;  // the hint is given once per loader
+  std::string pending_warning_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const BatchLayout> layout_;
   std::shared_ptr<HostAllocator> pinned_;  // made on the first GPU epoch
@@ -317,11 +402,15 @@ class Iterator {
 
   py::object next() {
     PyEngine& engine = engine_.cast<PyEngine&>();
+    engine.flush_warning();  // Python code may run (and be interrupted) only before the take
     uintptr_t stream = 0;
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
+    const auto t0 = RunStats::Clock::now();
+    const int64_t ready = engine.ready(*run_, output_);
     py::object parts;
+    int64_t rows = 0;
     try {
-      parts = engine.take(*run_, output_, stream, raw_);
+      parts = engine.take(*run_, output_, stream, raw_, &rows);
     } catch (const Cancelled&) {
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
     } catch (const std::runtime_error& e) {
@@ -334,6 +423,8 @@ class Iterator {
     for (size_t i = 0; i < names_.size(); ++i)
       batch[names_[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
     ++run_->handed[static_cast<size_t>(output_)];
+    const double share = run_->stats.record(rows, engine.batch_bytes(rows), StageTimes::since(t0), ready);
+    if (share >= 0) engine.check_stall(*run_, share);
     return std::move(batch);
   }
 
@@ -410,10 +501,9 @@ void bind_loader(py::module_& m) {
            py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"),
            py::arg("start_position"), py::arg("fail_at_step"), py::arg("devices"))
-      .def("take", &PyEngine::take, py::arg("epoch"), py::arg("output"), py::arg("stream") = 0,
-           py::arg("raw") = false)
       .def("close", &PyEngine::close)
       .def("memory", &PyEngine::memory)
+      .def("stats", &PyEngine::stats, py::arg("epoch"))
       .def("_set_misuse", &PyEngine::set_misuse);
 
   // Loads the CUDA driver (on first use) and returns how many devices it sees; raises

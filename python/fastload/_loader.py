@@ -15,6 +15,7 @@ from . import _C, _lifecycle
 from ._dataset import Dataset, Windows, _as_int
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._state import check_state, make_state
+from ._stats import LoaderStats
 
 Source = Union[Dataset, Windows]
 _EVEN = ("pad", "drop", "mask")
@@ -261,6 +262,21 @@ class Loader:
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
+
+    def stats(self) -> LoaderStats:
+        """Counters of the current epoch (since its iter()/split()) and the memory the loader
+        holds; print it for a table. See LoaderStats for what each field means."""
+        with self._lock:
+            self._check_usable()
+            memory = self._engine.memory()
+            if self._run is None:
+                zero = {"count": 0, "busy_s": 0.0, "p50_s": 0.0, "p99_s": 0.0}
+                run = {"epoch": self._last_epoch + 1, "batches": 0, "samples": 0, "bytes": 0, "wait_s": 0.0,
+                       "wall_s": 0.0, "ready_mean": 0.0, "collation": zero, "copy": {},
+                       "num_threads": self._num_threads, "prefetch": self._prefetch, "streams": self._streams}
+            else:
+                run = self._engine.stats(self._run)
+            return LoaderStats._from_native(run, memory)
 
     def _memory(self) -> dict[str, int]:
         """Bytes and buffers the loader's pools have allocated and not freed (batches users still
