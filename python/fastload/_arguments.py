@@ -28,15 +28,6 @@ def _as_int(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
-def check_bool(name: str, value: Any) -> bool:
-    """A real bool (or numpy bool): "False" or 0 must not pass as a flag."""
-    import numpy as np
-
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
 @functools.lru_cache(maxsize=1)
 def memory_limit() -> int:
     """Bytes this process can ever hold: physical memory, or a smaller cgroup limit."""
