@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._dataset import _as_int
+from ._arguments import MAX_THREADS, _as_int
 
 
 def _env_int(name: str) -> int | None:
@@ -41,7 +41,13 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
         source = "torch.distributed"
     else:
         env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        if env_rank is not None and env_world is not None:
+        if (env_rank is None) != (env_world is None):
+            # Half a launcher's environment: guessing rank 0 of 1 would make every process load
+            # the whole dataset.
+            given, missing = ("RANK", "WORLD_SIZE") if env_rank is not None else ("WORLD_SIZE", "RANK")
+            raise ValueError(f"the environment sets {given}={os.environ[given]!r} but not {missing}; set both "
+                             f"(torchrun does), or pass rank= and world_size= explicitly")
+        if env_rank is not None:
             rank, world_size, source = env_rank, env_world, "RANK/WORLD_SIZE"
         else:
             rank, world_size, source = 0, 1, "default"
@@ -62,7 +68,7 @@ def usable_cpus() -> int:
 def default_num_threads() -> int:
     """The CPUs this process may use, shared among the ranks on this node."""
     local = _env_int("LOCAL_WORLD_SIZE") or 1
-    return max(1, usable_cpus() // max(local, 1))
+    return min(MAX_THREADS, max(1, usable_cpus() // max(local, 1)))
 
 
 def resolve_device(device: Any) -> torch.device:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from . import _C, _lifecycle
+from ._arguments import check_loader_limits
 from ._dataset import Dataset, Windows, _as_int
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._state import check_state, make_state
@@ -78,6 +79,9 @@ class Loader:
             raise ValueError(f"num_threads must be positive, got {threads}")
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
         self._device = resolve_device(device)
+        check_loader_limits(source, batch_size=self._batch_size, world_size=self._world_size, prefetch=self._prefetch,
+                            num_threads=threads, streams=self._streams, with_index=with_index, even=even)
+        self._source_states = source.column_states()  # where the bytes are: checked at every iter()/split()
         self._source = source
         self._shuffle, self._drop_last, self._with_index = bool(shuffle), bool(drop_last), bool(with_index)
         self._order, self._even = order, even
@@ -164,6 +168,7 @@ class Loader:
     def _start(self, devices: list[torch.device]) -> list[LoaderIterator]:
         with self._lock:
             self._check_usable()
+            self._source.check_column_states(self._source_states)
             indices = [self._gpu_index(dev) for dev in devices]
             if self._pending is not None:
                 epoch, start = self._pending
