@@ -373,3 +373,16 @@ def test_the_loader_counts_what_the_driver_counts(driver):
     loader.close()
     gc.collect()
     assert driver.fake_cuda_stat(b"device_bytes") == before[1]  # close frees what no batch holds
+
+
+def test_stats_count_the_copies_of_each_device(driver):
+    loader = gpu_loader(fl.Dataset({"x": np.zeros((1000, 64), np.float32)}), 50, streams=2)
+    its = loader.split(["cuda:0", "cuda:1"])
+    for a, b in zip(*its):
+        pass
+    s = loader.stats()
+    assert s.batches == 20 and s.samples == 1000
+    assert sorted(s.copy) == ["cuda:0#0", "cuda:1#1"]
+    assert all(c.count == 10 and c.busy_s > 0 for c in s.copy.values())
+    assert s.pinned_bytes > 0 and s.device_bytes > 0 and s.host_bytes == 0
+    assert "copy cuda:0#0" in str(s)

@@ -234,3 +234,37 @@ def test_abandoned_epochs_give_their_buffers_back(rng):
     assert stats["host_buffers"] <= prefetch + 2, stats
     assert stats["host_allocations"] <= prefetch + 3, stats
 
+
+
+def test_an_iter_nothing_was_taken_from_does_not_use_up_its_epoch():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(100)}), 10, shuffle=True, with_index=True, device="cpu")
+    iter(loader)  # Lightning's sanity iter(): no batch taken
+    iter(loader)
+    first = torch.cat([b["index"] for b in loader]).numpy()
+    assert np.array_equal(first, loader.plan(0))  # still epoch 0
+    peek = next(iter(loader))  # a peek takes a batch: epoch 1 is used up
+    assert np.array_equal(peek["index"].numpy(), loader.plan(1)[:10])
+    assert np.array_equal(torch.cat([b["index"] for b in loader]).numpy(), loader.plan(2))
+    assert loader.state_dict()["epoch"] == 3
+
+
+def test_an_unconsumed_resumed_epoch_keeps_its_position():
+    ds = fl.Dataset({"x": np.arange(100)})
+    loader = fl.Loader(ds, 10, shuffle=True, with_index=True, device="cpu")
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    resumed = fl.Loader(ds, 10, shuffle=True, with_index=True, device="cpu")
+    resumed.load_state_dict(state)
+    iter(resumed)  # nothing taken
+    rest = torch.cat([b["index"] for b in resumed]).numpy()
+    assert np.array_equal(rest, loader.plan(0)[30:])
+
+
+def test_default_prefetch_follows_a_byte_budget():
+    small = fl.Loader(fl.Dataset({"x": np.zeros((10_000, 16), np.float32)}), 256, device="cpu")
+    large = fl.Loader(fl.Dataset({"x": np.zeros((1000, 40_000), np.float32)}), 64, device="cpu")
+    assert small.stats().prefetch == 32  # 16 KiB batches: the window's upper end
+    assert large.stats().prefetch == 4  # 10 MB batches: the lower end
+    assert fl.Loader(fl.Dataset({"x": np.zeros(10)}), 2, prefetch=7, device="cpu").stats().prefetch == 7

@@ -285,17 +285,18 @@ class PyEngine {
   void check_stall(const Run& run, double share) {
     if (stall_warned_ || share <= RunStats::kStallShare) return;
     stall_warned_ = true;
-    const double step = run.stats.window_step_ns();
-    const StageTimes collation = run.pipeline->collation_times();
-    const double build = static_cast<double>(collation.quantile_ns(0.5)) / std::max(1, engine_->num_threads());
-    double copy = 0;
+    // Which stage is busy most of the time since the epoch began points to the knob.
+    const double wall = std::chrono::duration<double, std::nano>(RunStats::Clock::now() - run.stats.started).count();
+    const double collating = static_cast<double>(run.pipeline->collation_times().total_ns()) /
+                             (wall * std::max(1, engine_->num_threads()));
+    double copying = 0;
     for (const auto& t : run.transfers)
-      if (t) copy = std::max(copy, static_cast<double>(t->copy_times().quantile_ns(0.5)));
+      if (t) copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
     std::string knob;
-    if (build > 0.8 * step)
+    if (collating > 0.7)
       knob = "collation is the bottleneck (" + std::to_string(engine_->num_threads()) +
              " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
-    else if (copy > 0.8 * step * static_cast<double>(streams_))
+    else if (copying > 0.7)
       knob = "the host-to-device copy is the bottleneck: raise streams (now " + std::to_string(streams_) +
              "), or store fewer bytes per sample";
     else

@@ -39,14 +39,6 @@ struct RunStats {
     const double span = std::chrono::duration<double, std::nano>(now - oldest).count();
     return span > 0 ? static_cast<double>(window_wait_ns_) / span : 0.0;
   }
-  // Wall time per batch over the window (the training step as the loader sees it).
-  double window_step_ns() const {
-    if (batches <= kWindow) return 0.0;
-    const size_t newest = static_cast<size_t>(batches % kWindow);
-    const size_t oldest = static_cast<size_t>((batches + 1) % kWindow);
-    return std::chrono::duration<double, std::nano>(times_[newest] - times_[oldest]).count() / (kWindow - 1);
-  }
-
  private:
   int64_t window_wait_ns_ = 0;
   std::array<int64_t, kWindow> waits_{};

@@ -22,6 +22,18 @@ Source = Union[Dataset, Windows]
 _EVEN = ("pad", "drop", "mask")
 _ORDER = ("random", "block")
 _MAX_SEED = 2**64 - 1
+# prefetch=None: as many batches as fit in this budget, within [4, 32]. Small batches come every
+# few µs, and a deeper window lets the consumer take several per wake-up; large ones need few.
+PREFETCH_BUDGET_BYTES = 16 << 20
+PREFETCH_RANGE = (4, 32)
+
+
+def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid: bool) -> int:
+    """Batches in flight per device when prefetch is not given (see PREFETCH_BUDGET_BYTES)."""
+    row = sum(s.row_bytes for s in source.column_specs()) + 8 * with_index + with_valid
+    batch = max(1, row * min(batch_size, len(source)))
+    lo, hi = PREFETCH_RANGE
+    return max(lo, min(hi, PREFETCH_BUDGET_BYTES // batch))
 # Samples per block for order="block": large enough that a block is a long sequential read.
 _BLOCK_SIZE = 4096
 
@@ -51,7 +63,7 @@ class Loader:
     def __init__(self, source: Source, batch_size: int, *, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, order: str = "random", rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
-                 device: Any = None, num_threads: int | None = None, prefetch: int = 4,
+                 device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
                  streams: int = 1, with_index: bool = False):
         if not isinstance(source, (Dataset, Windows)):
             raise TypeError(f"source must be a fastload.Dataset or fastload.Windows, got {type(source).__name__}")
@@ -68,7 +80,10 @@ class Loader:
             raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
         if even not in _EVEN:
             raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
-        self._prefetch = _as_int("prefetch", prefetch)
+        if prefetch is None:
+            self._prefetch = default_prefetch(source, self._batch_size, bool(with_index), even == "mask")
+        else:
+            self._prefetch = _as_int("prefetch", prefetch)
         if self._prefetch <= 0:
             raise ValueError(f"prefetch must be positive, got {self._prefetch}")
         self._streams = _as_int("streams", streams)
@@ -94,6 +109,7 @@ class Loader:
                                  self._prefetch, self._with_index, even == "mask", self._streams)
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
+        self._run_start = 0  # the running epoch's start position (non-zero after a resume)
         # Loader methods may be called from several threads: epochs and state change under it.
         self._lock = threading.RLock()
         self._pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
@@ -172,11 +188,16 @@ class Loader:
             indices = [self._gpu_index(dev) for dev in devices]
             if self._pending is not None:
                 epoch, start = self._pending
+            elif self._run is not None and all(self._run.handed(d) == 0 for d in range(self._outputs)):
+                # An iter() nothing was taken from (Lightning calls one before training) does not
+                # use up its epoch: the next iter() runs it again, from where it would have begun.
+                epoch, start = self._run.epoch, self._run_start
             else:
                 epoch, start = self._last_epoch + 1, 0
             if self._run is not None:
                 self._run.superseded = True
             run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
+            self._run_start = start
             self._pending = None
             self._run, self._outputs = run, len(devices)
             self._last_epoch = epoch
