@@ -243,6 +243,9 @@ class PyEngine {
   }
 
   void set_misuse(const std::string& m) { misuse_ = parse_misuse(m); }
+  // The per-batch counters of the iterator (for the benchmark that measures what they cost).
+  void set_counting(bool on) { counting_ = on; }
+  bool counting() const { return counting_; }
 
   // Batches built (and, for a GPU, copied) and waiting for `output`'s consumer.
   int64_t ready(const Run& run, int output) const {
@@ -370,6 +373,7 @@ class PyEngine {
   const int streams_;
   cuda::Misuse misuse_ = cuda::Misuse::None;
   bool stall_warned_ = false;  // the hint is given once per loader
+  bool counting_ = true;
   std::string pending_warning_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const BatchLayout> layout_;
@@ -406,8 +410,9 @@ class Iterator {
     engine.flush_warning();  // Python code may run (and be interrupted) only before the take
     uintptr_t stream = 0;
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
-    const auto t0 = RunStats::Clock::now();
-    const int64_t ready = engine.ready(*run_, output_);
+    const bool counting = engine.counting();
+    const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
+    const int64_t ready = counting ? engine.ready(*run_, output_) : 0;
     py::object parts;
     int64_t rows = 0;
     try {
@@ -424,8 +429,10 @@ class Iterator {
     for (size_t i = 0; i < names_.size(); ++i)
       batch[names_[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
     ++run_->handed[static_cast<size_t>(output_)];
-    const double share = run_->stats.record(rows, engine.batch_bytes(rows), StageTimes::since(t0), ready);
-    if (share >= 0) engine.check_stall(*run_, share);
+    if (counting) {
+      const double share = run_->stats.record(rows, engine.batch_bytes(rows), StageTimes::since(t0), ready);
+      if (share >= 0) engine.check_stall(*run_, share);
+    }
     return std::move(batch);
   }
 
@@ -505,7 +512,8 @@ void bind_loader(py::module_& m) {
       .def("close", &PyEngine::close)
       .def("memory", &PyEngine::memory)
       .def("stats", &PyEngine::stats, py::arg("epoch"))
-      .def("_set_misuse", &PyEngine::set_misuse);
+      .def("_set_misuse", &PyEngine::set_misuse)
+      .def("_set_counting", &PyEngine::set_counting);
 
   // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
   // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).
