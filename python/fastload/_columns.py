@@ -86,20 +86,32 @@ def describe_array(name: str, array: Any, what: str = "column") -> ColumnSpec:
     if array.ndim == 0:
         raise ValueError(f"{what} {name!r} must have at least one dimension (one row per sample), got a 0-d array")
     dtype = array.dtype
-    if dtype.kind not in _NUMPY_KIND_TO_DL or dtype.byteorder == ">" or dtype.fields is not None:
-        raise TypeError(f"{what} {name!r} has unsupported dtype {dtype}; fastload takes bool and numeric dtypes")
+    code = _numpy_dl_code(dtype)
+    if code is None:
+        raise TypeError(f"{what} {name!r} has unsupported dtype {dtype}; fastload takes bool and numeric dtypes "
+                        f"(bfloat16 from ml_dtypes included)")
     if not _row_is_contiguous(array.shape, array.strides, dtype.itemsize):
         raise ValueError(
             f"{what} {name!r} has rows that are not contiguous in memory (shape {array.shape}, strides "
             f"{array.strides}); pass np.ascontiguousarray({name}) if a copy is acceptable"
         )
-    _check_bits(what, name, _NUMPY_KIND_TO_DL[dtype.kind], dtype.itemsize * 8, dtype)
+    _check_bits(what, name, code, dtype.itemsize * 8, dtype)
     row_shape = tuple(int(s) for s in array.shape[1:])
     row_bytes = math.prod(row_shape) * dtype.itemsize
     rows, pitch = int(array.shape[0]), int(array.strides[0])
     _check_extent(what, name, rows, pitch, row_bytes)
-    return ColumnSpec(name, array, _np_address(array), rows, pitch, row_bytes,
-                      _NUMPY_KIND_TO_DL[dtype.kind], dtype.itemsize * 8, row_shape)
+    return ColumnSpec(name, array, _np_address(array), rows, pitch, row_bytes, code, dtype.itemsize * 8, row_shape)
+
+
+def _numpy_dl_code(dtype: np.dtype) -> int | None:
+    """The DLPack type code of a numpy dtype fastload can move, or None."""
+    if dtype.byteorder == ">" or dtype.fields is not None:
+        return None
+    # numpy has no bfloat16 of its own; ml_dtypes (JAX, TensorFlow) registers one as an opaque
+    # 2-byte type, which torch imports as torch.bfloat16.
+    if dtype.kind == "V" and dtype.name == "bfloat16" and dtype.itemsize == 2:
+        return _DL_BFLOAT
+    return _NUMPY_KIND_TO_DL.get(dtype.kind)
 
 
 def _describe_tensor(name: str, t: torch.Tensor, what: str) -> ColumnSpec:

@@ -3,6 +3,7 @@ rank and world size, its default device, and how many collation threads it may u
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -65,10 +66,34 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def local_world_size() -> int:
+    """How many of this job's processes run on this node, from what the launcher tells:
+    LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE (Slurm); where a launcher sets only
+    LOCAL_RANK (Lightning, Accelerate), WORLD_SIZE over the number of nodes if one of NUM_NODES,
+    SLURM_NNODES or NNODES is set, else one process per visible GPU (at most WORLD_SIZE)."""
+    local = _env_int("LOCAL_WORLD_SIZE")
+    if local:
+        return local
+    slurm = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+    match = re.match(r"\d+", slurm)  # e.g. "4" or "4(x2)"
+    if match and int(match.group()) > 0:
+        return int(match.group())
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        return 1
+    world = _env_int("WORLD_SIZE")
+    nodes = next((n for n in map(_env_int, ("NUM_NODES", "SLURM_NNODES", "NNODES")) if n), None)
+    if world and nodes:
+        share = -(-world // nodes)
+    else:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        share = min(world, gpus) if world and gpus else (gpus or world or 1)
+    return max(share, local_rank + 1)
+
+
 def default_num_threads() -> int:
-    """The CPUs this process may use, shared among the ranks on this node."""
-    local = _env_int("LOCAL_WORLD_SIZE") or 1
-    return min(MAX_THREADS, max(1, usable_cpus() // max(local, 1)))
+    """The CPUs this process may use, shared among this job's processes on this node."""
+    return min(MAX_THREADS, max(1, usable_cpus() // local_world_size()))
 
 
 def resolve_device(device: Any) -> torch.device:

@@ -54,10 +54,42 @@ def _position(run: Any, outputs: int) -> int:
 
 
 class Loader:
-    """Batches from a Dataset or Windows source, sampled and collated by native threads.
+    """Batches from a Dataset or Windows source, sampled and collated by native threads and, for a
+    GPU, copied to the device ahead of time on the loader's own CUDA streams.
 
-    See the README for every argument; the sample order is a pure function of (len(source), seed,
-    epoch, batch_size, world_size, rank, shuffle, order, even, drop_last) and the resume position.
+    Iterate it for one epoch of ``dict[str, torch.Tensor]`` batches (one entry per column, plus
+    "index" with ``with_index`` and "valid" with ``even="mask"``). The sample order is a pure
+    function of (len(source), seed, epoch, batch_size, world_size, rank, shuffle, order, even,
+    drop_last) and the resume position; threads, prefetch and timing never change it.
+
+    Args:
+        source: a ``fastload.Dataset`` or ``fastload.Windows``.
+        batch_size: samples per batch on each device (the global batch is batch_size x
+            world_size, x devices after split()).
+        shuffle: a seeded permutation per epoch (O(1) memory); else the source's order.
+        seed: the permutation's seed, an integer in [0, 2**64).
+        drop_last: drop the epoch's final, shorter step instead of splitting it evenly.
+        order: with shuffle, "random" (any sample next to any) or "block" (blocks of 4096
+            consecutive samples shuffled, then shuffled within: locality when data > RAM).
+        rank, world_size: this process's data-parallel rank and their number; both or neither.
+            None: process_group, else torch.distributed if initialised, else RANK/WORLD_SIZE,
+            else 0 and 1 (resolved once, here).
+        process_group: a torch.distributed group to take rank and world size from.
+        even: how every rank gets the same number of batches when the dataset does not divide:
+            "pad" (repeat a few samples), "drop" (cut the remainder), "mask" (pad, and a bool
+            "valid" column that is False on the padding).
+        device: None (cuda:LOCAL_RANK if PyTorch sees a GPU, else "cpu"), "cpu", "cuda",
+            "cuda:N" or a torch.device. A GPU loader touches the CUDA driver only at its first
+            iter(); batches are ready on torch.cuda.current_stream() at the time of next().
+        num_threads: collation threads. None: the CPUs this process may use, divided among this
+            job's processes on the node (LOCAL_WORLD_SIZE and what other launchers tell).
+        prefetch: batches per device being built, copied or waiting for you. None: as many as fit
+            in 16 MiB, at least 4 and at most 32. Loader-held memory is bounded by it.
+        streams: host-to-device copy streams per GPU (no effect on the CPU).
+        with_index: add "index", the int64 sample ids of each batch.
+
+    Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
+    ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
     """
 
     def __init__(self, source: Source, batch_size: int, *, shuffle: bool = False, seed: int = 0,
@@ -154,9 +186,10 @@ class Loader:
                 for d in range(devices)]
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank when iterated with iter(); after split(), len() of each
-        device's iterator gives that device's remaining batches."""
-        return self._samplers(1)[0].num_batches(0)
+        """Batches per epoch that one iterator yields: this rank's batches with iter(); after
+        split(devices), each device's batches (the same for every device), until an iter()
+        without split() again. len() of an iterator gives its remaining batches."""
+        return self._samplers(self._outputs)[0].num_batches(0)
 
     def plan(self, epoch: int) -> np.ndarray:
         """This rank's sample ids for an epoch, in the order its batches hold them (int64)."""
