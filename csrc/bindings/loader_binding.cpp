@@ -142,6 +142,7 @@ class PyEngine {
     // Joining threads must not hold the GIL; the arrays (keepalive_) die after, with the GIL.
     if (!engine_) return;
     without_gil([&] {
+      engine_->cancel_current();
       stop_transfers();
       transfers_.clear();
       engine_.reset();
@@ -173,7 +174,10 @@ class PyEngine {
 
   void start_locked(Run& run, std::vector<OutputSpec> outputs, int64_t fail_at_step, const std::vector<int>& devices) {
     engine_->check_not_forked();
-    stop_transfers();  // before the pipeline they feed from is cancelled and replaced
+    // The old epoch first: its transfer threads then see Cancelled at once instead of at their
+    // next timeout, and stop before the pipeline they feed from is replaced.
+    engine_->cancel_current();
+    stop_transfers();
     run.transfers.resize(devices.size());
     std::shared_ptr<HostAllocator> host_memory;
     int64_t extra = 0;
