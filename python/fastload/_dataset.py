@@ -17,6 +17,16 @@ def _as_int(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
+def _declare_shards(source: Any, rows: Any) -> Any:
+    """Declares shard boundaries on an in-memory source (tests, benchmarks): `rows` samples per
+    shard, in order, adding up to len(source). Returns the source."""
+    rows = [_as_int("shard_rows", r) for r in rows]
+    if any(r < 0 for r in rows) or sum(rows) != len(source):
+        raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
+    source._shard_rows = rows
+    return source
+
+
 class Dataset:
     """Named columns of equal leading length; sample i is row i of every column.
 
@@ -52,6 +62,12 @@ class Dataset:
 
     def column_specs(self) -> list[ColumnSpec]:
         return list(self._specs)
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples in each shard, in order; None: no shard structure (one in-memory array)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{s.name}: {dtype_name(s)}{list(s.row_shape)}" for s in self._specs)
@@ -95,6 +111,12 @@ class Windows:
 
     def column_specs(self) -> list[ColumnSpec]:
         return [self._spec]
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples in each shard, in order; None: no shard structure (one in-memory array)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __repr__(self) -> str:
         return (f"Windows({len(self)} windows of {self.length} {dtype_name(self._spec)} tokens, "

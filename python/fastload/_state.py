@@ -9,7 +9,8 @@ _REQUIRED = ("version", "num_samples", "seed", "shuffle", "order", "epoch", "pos
 
 
 def make_state(*, num_samples: int, seed: int, shuffle: bool, order: str, even: str, drop_last: bool,
-               epoch: int, position: int, batch_size: int, replicas: int) -> dict[str, Any]:
+               epoch: int, position: int, batch_size: int, replicas: int,
+               partition: str = "samples") -> dict[str, Any]:
     """position: the global sample position where the next global step starts."""
     return {
         "version": STATE_VERSION,
@@ -24,10 +25,12 @@ def make_state(*, num_samples: int, seed: int, shuffle: bool, order: str, even: 
         "batch_size": batch_size,
         "world_size": replicas,
         "global_batch_size": batch_size * replicas,
+        "partition": partition,
     }
 
 
-def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str) -> dict[str, Any]:
+def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str,
+                partition: str = "samples") -> dict[str, Any]:
     """Validates a state for a loader over num_samples samples; returns it."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
@@ -45,6 +48,11 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str) -> d
         raise ValueError(
             f"state was saved with shuffle={state['shuffle']}, order={state['order']!r}; this loader has "
             f"shuffle={shuffle}, order={order!r}: the sample order would differ"
+        )
+    if state.get("partition", "samples") != partition:  # states from before partition= are "samples"
+        raise ValueError(
+            f"state was saved with partition={state.get('partition')!r}; this loader has partition={partition!r}: "
+            "the sample order would differ"
         )
     for key, limit in (("epoch", None), ("position", None), ("seed", 2**64)):
         value = state[key]
