@@ -9,10 +9,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
+#include "bindings/exit_parking.h"
 #include "bindings/run_stats.h"
 #include "bindings/without_gil.h"
 #include "core/engine.h"
@@ -410,6 +412,7 @@ class Iterator {
   }
 
   py::object next() {
+    if (exit_parking::note_next()) park();
     PyEngine& engine = engine_.cast<PyEngine&>();
     engine.flush_warning();  // Python code may run (and be interrupted) only before the take
     uintptr_t stream = 0;
@@ -422,6 +425,7 @@ class Iterator {
     try {
       parts = engine.take(*run_, output_, stream, raw_, &rows);
     } catch (const Cancelled&) {
+      if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
     } catch (const std::runtime_error& e) {
       if (!run_->superseded) throw;
@@ -438,6 +442,12 @@ class Iterator {
       if (share >= 0) engine.check_stall(*run_, share);
     }
     return std::move(batch);
+  }
+
+  [[noreturn]] static void park() {  // public: iter() parks a thread the same way
+    ++exit_parking::state().parked;
+    PyEval_SaveThread();  // for good: this thread never takes the GIL again
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 
   int64_t remaining() const {
@@ -521,6 +531,15 @@ void bind_loader(py::module_& m) {
 
   // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
   // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).
+  // At interpreter exit (fastload._lifecycle): park threads iterating from now on, and say how
+  // many recently iterating threads have not parked yet.
+  m.def("_start_exit_parking", [] { exit_parking::state().parking = true; });
+  m.def("_unparked_iterators", [] { return exit_parking::unparked(); });
+  // iter()/split() call this first: a daemon thread starting an epoch at exit parks too.
+  m.def("_park_if_exiting", [] {
+    if (exit_parking::note_next()) Iterator::park();
+  });
+
   m.def("cuda_device_count", [] { return without_gil([] { return cuda::device_count(); }); });
 }
 

@@ -26,7 +26,9 @@ namespace {
 
 SamplerConfig make_config(int64_t num_samples, int64_t batch_size, int64_t world_size,
                           int64_t rank, uint64_t seed, bool shuffle, const std::string& order,
-                          const std::string& even, bool drop_last, int64_t block_size) {
+                          const std::string& even, bool drop_last, int64_t block_size,
+                          const std::string& partition, std::vector<int64_t> shard_rows,
+                          int64_t window_shards) {
   SamplerConfig c;
   c.num_samples = num_samples;
   c.batch_size = batch_size;
@@ -38,6 +40,9 @@ SamplerConfig make_config(int64_t num_samples, int64_t batch_size, int64_t world
   c.even = parse_even(even);
   c.drop_last = drop_last;
   c.block_size = block_size;
+  c.partition = parse_partition(partition);
+  c.shard_rows = std::move(shard_rows);
+  c.window_shards = window_shards;
   c.validate();
   return c;
 }
@@ -115,7 +120,9 @@ PYBIND11_MODULE(_C, m) {
   py::class_<SamplerConfig>(m, "Sampler")
       .def(py::init(&make_config), py::arg("num_samples"), py::arg("batch_size"),
            py::arg("world_size"), py::arg("rank"), py::arg("seed"), py::arg("shuffle"),
-           py::arg("order"), py::arg("even"), py::arg("drop_last"), py::arg("block_size") = 4096)
+           py::arg("order"), py::arg("even"), py::arg("drop_last"), py::arg("block_size") = 4096,
+           py::arg("partition") = "samples", py::arg("shard_rows") = std::vector<int64_t>{},
+           py::arg("window_shards") = 4)
       .def_readonly("num_samples", &SamplerConfig::num_samples)
       .def_readonly("batch_size", &SamplerConfig::batch_size)
       .def_readonly("world_size", &SamplerConfig::world_size)
@@ -139,10 +146,11 @@ PYBIND11_MODULE(_C, m) {
       .def("plan", &plan_ids, py::arg("epoch"), py::arg("start") = 0)
       .def("permutation",
            [](const SamplerConfig& c, int64_t epoch, int64_t first, int64_t count) {
-             // The epoch's order itself (before rank split and padding), for tests.
-             if (first < 0 || count < 0 || first + count > c.num_samples)
-               throw std::out_of_range("positions out of range");
+             // The epoch's order itself (before rank split and padding), for tests; with
+             // partition="shards", the order of this rank's own shards.
              Ordering o(c, epoch);
+             if (first < 0 || count < 0 || first + count > o.size())
+               throw std::out_of_range("positions out of range");
              py::array_t<int64_t> out(count);
              int64_t* dst = out.mutable_data();
              py::gil_scoped_release release;

@@ -13,6 +13,16 @@ from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, check_column_sta
 __all__ = ["Dataset", "Windows", "_as_int"]
 
 
+def _declare_shards(source: Any, rows: Any) -> Any:
+    """Declares shard boundaries on an in-memory source (tests, benchmarks): `rows` samples per
+    shard, in order, adding up to len(source). Returns the source."""
+    rows = [_as_int("shard_rows", r) for r in rows]
+    if any(r < 0 for r in rows) or sum(rows) != len(source):
+        raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
+    source._shard_rows = rows
+    return source
+
+
 class Dataset:
     """Named columns of equal leading length; sample i is row i of every column.
 
@@ -78,6 +88,12 @@ class Dataset:
         new.__dict__.update(self.__dict__)
         new._columns = dict(self._columns)
         return new
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples in each shard, in order; None: no shard structure (one in-memory array)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{name}: {dtype}{list(shape)}" for name, dtype, shape in self._summary)
@@ -161,6 +177,12 @@ class Windows:
         new = object.__new__(Windows)
         new.__dict__.update(self.__dict__)
         return new
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples in each shard, in order; None: no shard structure (one in-memory array)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __repr__(self) -> str:
         return (f"Windows({len(self)} windows of {self.length} {self._dtype} tokens, "

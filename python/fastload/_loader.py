@@ -21,6 +21,7 @@ from ._stats import LoaderStats
 Source = Union[Dataset, Windows]
 _EVEN = ("pad", "drop", "mask")
 _ORDER = ("random", "block")
+_PARTITION = ("samples", "shards")
 _MAX_SEED = 2**64 - 1
 # prefetch=None: as many batches as fit in this budget, within [4, 32]. Small batches come every
 # few µs, and a deeper window lets the consumer take several per wake-up; large ones need few.
@@ -36,6 +37,9 @@ def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid:
     return max(lo, min(hi, PREFETCH_BUDGET_BYTES // batch))
 # Samples per block for order="block": large enough that a block is a long sequential read.
 _BLOCK_SIZE = 4096
+# order="block" over shards: samples are shuffled within windows of this many consecutive shards
+# (more small ones until a window holds _BLOCK_SIZE samples).
+_WINDOW_SHARDS = 4
 
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
@@ -96,7 +100,7 @@ class Loader:
                  drop_last: bool = False, order: str = "random", rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
                  device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
-                 streams: int = 1, with_index: bool = False):
+                 streams: int = 1, with_index: bool = False, partition: str = "samples"):
         if not isinstance(source, (Dataset, Windows)):
             raise TypeError(f"source must be a fastload.Dataset or fastload.Windows, got {type(source).__name__}")
         self._batch_size = _as_int("batch_size", batch_size)
@@ -125,6 +129,19 @@ class Loader:
         if threads <= 0:
             raise ValueError(f"num_threads must be positive, got {threads}")
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
+        if partition not in _PARTITION:
+            raise ValueError(f"partition must be one of {_PARTITION}, got {partition!r}")
+        self._shard_rows: list[int] = source.shard_rows or []
+        if partition == "shards":
+            if source.shard_rows is None:
+                raise ValueError("partition='shards' needs a source with shard boundaries (shard_rows); "
+                                 f"{source!r} has none")
+            shards = sum(1 for r in self._shard_rows if r > 0)
+            if shards < self._world_size:
+                raise ValueError(f"partition='shards' needs at least world_size={self._world_size} non-empty "
+                                 f"shards, got {shards}")
+        self._partition = partition
+        self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
         check_loader_limits(source, batch_size=self._batch_size, world_size=self._world_size, prefetch=self._prefetch,
                             num_threads=threads, streams=self._streams, with_index=with_index, even=even)
@@ -182,7 +199,8 @@ class Loader:
     def _samplers(self, devices: int) -> list[Any]:
         world = self._world_size * devices
         return [_C.Sampler(len(self._source), self._batch_size, world, self._rank * devices + d, self._seed,
-                           self._shuffle, self._order, self._even, self._drop_last, _BLOCK_SIZE)
+                           self._shuffle, self._order, self._even, self._drop_last, _BLOCK_SIZE,
+                           self._partition, self._shard_rows, _WINDOW_SHARDS)
                 for d in range(devices)]
 
     def __len__(self) -> int:
@@ -215,12 +233,18 @@ class Loader:
             raise RuntimeError("this Loader is closed")
 
     def _start(self, devices: list[torch.device]) -> list[LoaderIterator]:
+        _C._park_if_exiting()  # a daemon thread starting an epoch at interpreter exit stops here
         with self._lock:
             self._check_usable()
             self._source.check_column_states(self._source_states)
             indices = [self._gpu_index(dev) for dev in devices]
             if self._pending is not None:
                 epoch, start = self._pending
+                replicas = self._world_size * len(devices)
+                if start and self._resume_replicas not in (None, replicas):
+                    raise ValueError(f"the state was saved with partition='shards' at world size {self._resume_replicas} "
+                                     f"(ranks x devices); resuming at {replicas} is not supported: whole shards per "
+                                     "rank depend on the world size")
             elif self._run is not None and all(self._run.handed(d) == 0 for d in range(self._outputs)):
                 # An iter() nothing was taken from (Lightning calls one before training) does not
                 # use up its epoch: the next iter() runs it again, from where it would have begun.
@@ -282,14 +306,25 @@ class Loader:
                 epoch, position = self._run.epoch, _position(self._run, self._outputs)
             return make_state(num_samples=len(self._source), seed=self._seed, shuffle=self._shuffle,
                               order=self._order, even=self._even, drop_last=self._drop_last, epoch=epoch,
-                              position=position, batch_size=self._batch_size, replicas=self._replicas)
+                              position=position, batch_size=self._batch_size, replicas=self._replicas,
+                              partition=self._partition)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
         another world size or batch size (from the same global sample position)."""
         with self._lock:
             self._check_usable()
-            state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order)
+            state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order,
+                                partition=self._partition)
+            # Whole shards per rank depend on the world size: a mid-epoch state resumes only at the
+            # world size (ranks x devices) it was saved at; checked again when the epoch starts.
+            saved = state.get("world_size")
+            saved = int(saved) if isinstance(saved, (int, np.integer)) and not isinstance(saved, bool) else None
+            if self._partition == "shards" and state["position"] and (saved is None or saved % self._world_size):
+                raise ValueError(f"the state was saved mid-epoch with partition='shards' at world size {saved!r}; this "
+                                 f"loader has world_size={self._world_size}: partition='shards' resumes mid-epoch only "
+                                 "at the same world size")
+            self._resume_replicas = saved if self._partition == "shards" else None
             self._seed = int(state["seed"])
             if self._run is not None:
                 self._run.superseded = True

@@ -14,7 +14,8 @@ MAX_EPOCH = 2**62  # epochs are int64 in the core; this leaves room to count on
 
 
 def make_state(*, num_samples: int, seed: int, shuffle: bool, order: str, even: str, drop_last: bool,
-               epoch: int, position: int, batch_size: int, replicas: int) -> dict[str, Any]:
+               epoch: int, position: int, batch_size: int, replicas: int,
+               partition: str = "samples") -> dict[str, Any]:
     """position: the global sample position where the next global step starts."""
     return {
         "version": STATE_VERSION,
@@ -29,6 +30,7 @@ def make_state(*, num_samples: int, seed: int, shuffle: bool, order: str, even: 
         "batch_size": batch_size,
         "world_size": replicas,
         "global_batch_size": batch_size * replicas,
+        "partition": partition,
     }
 
 
@@ -51,7 +53,8 @@ def _state_bool(state: dict[str, Any], key: str) -> bool:
     return bool(value)
 
 
-def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str) -> dict[str, Any]:
+def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str,
+                partition: str = "samples") -> dict[str, Any]:
     """Validates a state for a loader over num_samples samples; returns it."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
@@ -73,6 +76,11 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str) -> d
             f"state was saved with shuffle={state['shuffle']}, order={state['order']!r}; this loader has "
             f"shuffle={shuffle}, order={order!r}: the sample order would differ"
         )
+    if state.get("partition", "samples") != partition:  # states from before partition= are "samples"
+        raise ValueError(
+            f"state was saved with partition={state.get('partition')!r}; this loader has partition={partition!r}: "
+            "the sample order would differ"
+        )
     # Keys the loader only reports must still be what state_dict() writes, if present.
     if "drop_last" in state:
         _state_bool(state, "drop_last")
@@ -85,5 +93,7 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str) -> d
     # ended is saved as the next epoch at position 0).
     return {**state,
             "epoch": _state_int(state, "epoch", 0, MAX_EPOCH, "2**62"),
-            "position": _state_int(state, "position", 0, num_samples, f"the dataset length {num_samples}"),
+            # Whole shards per rank pad every rank to the largest share: positions may pass N.
+            "position": (_state_int(state, "position", 0, num_samples, f"the dataset length {num_samples}")
+                         if partition == "samples" else _state_int(state, "position", 0, 2**62, "2**62")),
             "seed": _state_int(state, "seed", 0, 2**64 - 1, "2**64 - 1")}
