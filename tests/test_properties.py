@@ -303,7 +303,7 @@ BAD = {
     "prefetch": NOT_INTS + [0, -1, 65537, 2**31, 2**63],
     "num_threads": [1.5, "4", True, 0, -1, 4097, 2**31, 10**7, 2**64],
     "streams": NOT_INTS + [0, -3, 1025, 2**31],
-    "device": ["tpu", 5, "cuda:99", "cpu:x", object()],
+    "device": ["tpu", 5, "cpu:x", "meta", object()],
     "rank": [("rank", 3, 3), ("rank", -1, 2), ("rank", 2**63, 2), ("rank", 1.0, 2), ("rank", "0", 2),
              ("rank", 0, None), ("world_size", None, 2), ("world_size", 0, 0), ("world_size", 0, 2**62),
              ("world_size", 0, 2**41), ("world_size", 0, -1), ("world_size", 0, 2.0)],
