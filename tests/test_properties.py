@@ -300,7 +300,7 @@ BAD = {
     "with_index": ["no", 1, None],
     "order": ["sorted", "", 1, None, "RANDOM"],
     "even": ["wrap", "", 0, None, "PAD"],
-    "prefetch": NOT_INTS + [0, -1, 65537, 2**31, 2**63],
+    "prefetch": [v for v in NOT_INTS if v is not None] + [0, -1, 65537, 2**31, 2**63],  # None: the default
     "num_threads": [1.5, "4", True, 0, -1, 4097, 2**31, 10**7, 2**64],
     "streams": NOT_INTS + [0, -3, 1025, 2**31],
     "device": ["tpu", 5, "cpu:x", "meta", object()],
