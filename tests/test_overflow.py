@@ -123,6 +123,18 @@ def test_a_column_whose_total_bytes_overflow_int64_is_refused():
     assert len(fl.Dataset({"x": ok})) == 2**62
 
 
+def test_a_source_of_more_than_2_62_samples_is_refused():
+    over = fl.Dataset({"x": np.broadcast_to(np.zeros(1, np.uint8), (2**62 + 1,))})
+    with pytest.raises(ValueError, match="source has 4611686018427387905 samples; fastload takes at most 2\\*\\*62"):
+        fl.Loader(over, batch_size=1, device="cpu")
+
+
+def test_a_one_row_tensor_whose_byte_stride_overflows_is_refused():
+    t = torch.zeros(1, 3).as_strided((1, 3), (2**62, 1))  # one row: torch allows any leading stride
+    with pytest.raises(ValueError, match="column 't' is too large to address"):
+        fl.Dataset({"t": t})
+
+
 # ---------------------------------------------------------------------------- refused kinds
 def test_masked_arrays_are_refused():
     with pytest.raises(TypeError, match="column 'm' is a numpy masked array.*ignore the mask"):

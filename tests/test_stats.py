@@ -64,12 +64,13 @@ def test_stats_start_again_with_each_epoch_and_before_any():
 
 
 def test_the_stall_hint_is_logged_once_and_names_a_knob(caplog):
-    # One collation thread gathering 4 MiB batches from beyond the caches, a training step of
-    # ~0.2 ms: the loop waits, and the collation thread is busy nearly all the time, so the hint
-    # names num_threads.
-    tokens = np.ones(64 << 20, np.uint8)
-    loader = fl.Loader(fl.Windows(tokens, length=1 << 20, stride=32 << 10), 4, shuffle=True, device="cpu",
+    # One collation thread gathering 16 MiB batches from beyond the caches (milliseconds each),
+    # a training step of ~0.1 ms: the loop waits most of the time, and the collation thread is
+    # busy nearly all the time, so the hint names num_threads.
+    tokens = np.ones(80 << 20, np.uint8)
+    loader = fl.Loader(fl.Windows(tokens, length=1 << 20, stride=16 << 10), 16, shuffle=True, device="cpu",
                        num_threads=1, prefetch=8)
+    assert len(loader) > 256
     with caplog.at_level(logging.WARNING, logger="fastload"):
         for _ in range(2):
             for _b in loader:

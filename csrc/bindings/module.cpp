@@ -52,7 +52,8 @@ int64_t memory_limit_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   int64_t limit = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page
                                         : std::numeric_limits<int64_t>::max();
-  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     std::ifstream f(path);
     long long v = 0;
     if (f >> v && v > 0 && v < limit) limit = v;  // "max" fails to parse: no limit there

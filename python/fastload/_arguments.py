@@ -15,6 +15,7 @@ MAX_THREADS = 4096
 MAX_PREFETCH = 65536
 MAX_STREAMS = 1024
 INT64_MAX = 2**63 - 1
+MAX_SAMPLES = 2**62
 # Every part of a batch buffer starts on its own cache line (kAlign in pipeline.cpp).
 _PART_ALIGN = 64
 
@@ -82,6 +83,9 @@ def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefet
     if batch_size * world_size > MAX_GLOBAL_BATCH:
         raise ValueError(f"batch_size * world_size must be at most 2**40, got batch_size={batch_size} "
                          f"and world_size={world_size}")
+    if len(source) > MAX_SAMPLES:
+        raise ValueError(f"source has {len(source)} samples; fastload takes at most 2**62 (positions, padding "
+                         f"and resume points must stay within int64)")
     specs = source.column_specs()
     # No batch holds more rows than the source has (the Loader sizes buffers the same way).
     rows = min(batch_size, len(source))

@@ -66,7 +66,7 @@ def _check_extent(what: str, name: str, rows: int, pitch: int, row_bytes: int) -
     # The core addresses rows as base + i * pitch in int64, and torch/numpy sizes are int64 too.
     logical = rows * row_bytes
     span = abs(pitch) * (rows - 1) + row_bytes
-    if max(logical, span) > INT64_MAX:
+    if max(logical, span, abs(pitch)) > INT64_MAX:
         raise ValueError(f"{what} {name!r} is too large to address: {rows} rows x {row_bytes} bytes per row = "
                          f"{logical} bytes (row pitch {pitch}), more than 2**63 - 1")
 
