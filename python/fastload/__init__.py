@@ -3,6 +3,8 @@ from ._dataset import Dataset, Windows
 from ._loader import Loader, LoaderIterator
 from ._state import STATE_VERSION
 from ._stats import LoaderStats, StageStats
+from ._tune import TunePoint, TuneResult, tune
 
 __version__ = "0.1.0"
-__all__ = ["Dataset", "Windows", "Loader", "LoaderIterator", "LoaderStats", "StageStats", "STATE_VERSION", "__version__"]
+__all__ = ["Dataset", "Windows", "Loader", "LoaderIterator", "LoaderStats", "StageStats", "STATE_VERSION",
+           "tune", "TuneResult", "TunePoint", "__version__"]
