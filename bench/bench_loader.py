@@ -441,7 +441,7 @@ def call_with_accepted(fn: Callable, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-def tune_workload(w: Workload, mm: np.ndarray, allowed: bool, max_wait: float) -> Tuning:
+def tune_workload(w: Workload, mm: np.ndarray, allowed: bool, max_wait: float, quick: bool = False) -> Tuning:
     """fl.tune's recommendation for this workload, computed once before the rounds; the prefetch
     rule where this build has no fl.tune, where it is not allowed (--quick: it measures a grid)
     or where it fails."""
@@ -454,8 +454,9 @@ def tune_workload(w: Workload, mm: np.ndarray, allowed: bool, max_wait: float) -
         wait_for_quiet(max_wait)
     start = time.perf_counter()
     try:
+        short = {"seconds": 0.05, "repeats": 1} if quick else {}  # --quick --tune: exercise the path only
         rec = call_with_accepted(tune, fastload_source(w, mm), batch_size=w.batch, shuffle=True,
-                                 drop_last=True, device="cpu")
+                                 drop_last=True, device="cpu", progress=False, **short)
         took = time.perf_counter() - start
         args = dict(rec.args if hasattr(rec, "args") else rec["args"])
     except Exception as e:  # noqa: BLE001 - the column falls back to the rule and says why
@@ -730,7 +731,7 @@ def main() -> None:
             table.append((w, results, Tuning({}, "n/a"), "?"))
             continue
         prefetch = default_prefetch(w, mm)
-        tuning = tune_workload(w, mm, use_tune, max_wait)
+        tuning = tune_workload(w, mm, use_tune, max_wait, args.quick)
         took = f" in {tuning.seconds:.1f} s" if tuning.seconds is not None else ""
         print(f"  default prefetch: {prefetch}; tuned: {fmt_knobs(tuning.knobs)} ({tuning.how}{took})", flush=True)
         fns = alternatives(tuning)
