@@ -1,5 +1,6 @@
-"""Runs the C++ test of the core (sampler, thread pool, buffer pool, pipeline) built under
-ThreadSanitizer and under AddressSanitizer + UBSan; see tests/cpp/run_sanitizers.sh.
+"""Runs the C++ tests of the core (sampler, thread pool, buffer pool, pipeline) and of the CUDA
+transfer engine (against the stand-in driver, tests/fake_cuda), built under ThreadSanitizer and
+under AddressSanitizer + UBSan; see tests/cpp/run_sanitizers.sh.
 
 The builds take a minute or more, so the script's phase lines ("=== tsan: compiling", each
 binary's totals) are shown as they happen, past pytest's output capture; a failing case's line too.

@@ -24,6 +24,7 @@ void PinnedAllocator::deallocate(void* p, size_t) noexcept {
 int DeviceBuffer::device() const { return release_.context()->device(); }
 
 void DeviceBuffer::release_after(api::CUstream stream) noexcept {
+  if (fork_generation() != fork_generation_) return;  // no driver calls in a forked child
   ScopedContext scope(*release_.context());
   const api::CUresult r = driver().cuEventRecord(release_.get(), stream);
   if (r == api::CUDA_SUCCESS) {
@@ -72,6 +73,8 @@ std::shared_ptr<DeviceBuffer> DevicePool::acquire() {
 }
 
 void DevicePool::give_back(DeviceBuffer* b) noexcept {
+  // In a forked child the parent's threads may have held this mutex: leak instead of locking.
+  if (fork_generation() != fork_generation_) return;
   std::lock_guard<std::mutex> lock(mutex_);
   free_.push_back(b);
 }

@@ -54,10 +54,11 @@ class DeviceBuffer {
  private:
   friend class DevicePool;
   DeviceBuffer(std::shared_ptr<PrimaryContext> ctx, api::CUdeviceptr ptr, size_t bytes)
-      : release_(std::move(ctx)), ptr_(ptr), bytes_(bytes) {}
+      : release_(std::move(ctx)), ptr_(ptr), bytes_(bytes), fork_generation_(fork_generation()) {}
   Event release_;
   api::CUdeviceptr ptr_;
   size_t bytes_;
+  const uint64_t fork_generation_;
   bool release_pending_ = false;
 };
 

@@ -166,6 +166,9 @@ void TransferEngine::issue(Batch batch, int64_t index) {
     d.copy_done = take_event();
     d.copy_done->record(stream.get());
   } catch (...) {
+    // Copies already queued from this batch's pinned parts must finish before the parts go
+    // back to the pool (and may be rewritten or freed) as this function unwinds.
+    log_failure(f.cuStreamSynchronize(stream.get()), "cuStreamSynchronize");
     drop(d);
     throw;
   }
@@ -204,8 +207,11 @@ NextStatus TransferEngine::next(const Pipeline* epoch, api::CUstream consumer_st
   int output;
   {
     std::unique_lock<std::mutex> lock(mutex_);
+    // Re-checked after the wait too: stop() and a new start() may both happen while this thread
+    // waits, and the new epoch's first batch is not this iterator's to take.
     if (pipeline_.get() != epoch) return NextStatus::Cancelled;
-    ready_cv_.wait_for(lock, timeout, [&] { return !ready_.empty() || finished_; });
+    ready_cv_.wait_for(lock, timeout, [&] { return !ready_.empty() || finished_ || pipeline_.get() != epoch; });
+    if (pipeline_.get() != epoch) return NextStatus::Cancelled;
     if (ready_.empty()) {
       if (error_) std::rethrow_exception(error_);
       if (!finished_) return NextStatus::Timeout;

@@ -649,7 +649,7 @@ TEST_CASE(transfer_errors_surface_from_next) {
     int64_t good = 0;
     {
       // 5 parts a batch: the 4th batch's first copy fails. (A failure after some of a batch's
-      // copies were queued is known_bug_failed_copy_releases_pinned_parts_under_queued_copies.)
+      // copies were queued is a_failed_copy_keeps_pinned_parts_until_queued_copies_ran.)
       Setting fail("fail_copy_after", 3 * 5);
       L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 0, 0)});
       for (int k = 0; k < 2; ++k) {  // the error stays: a second call gets it too
@@ -781,16 +781,10 @@ TEST_CASE(transfer_errors_surface_from_next) {
   check_all_released("after a fresh loader");
 }
 
-// KNOWN BUG in csrc/cuda/transfer_engine.cpp, TransferEngine::issue(): when a copy fails after
-// some of the batch's copies were queued, the catch drops the device side and rethrows, and the
-// host Batch (its page-locked parts) goes back to the pool as issue() returns -- while the copies
-// already queued from those parts have not been waited for. close() then frees them under the
-// queued copies (cuMemFreeHost), and in mid-epoch a collation thread may rewrite them first. The
-// fix belongs in issue(): keep the host batch until the copies queued so far are done (record
-// the event and push it to in_flight_, or synchronise the stream) before rethrowing.
-// This case expects the bug (a strict expected failure): it passes while the stand-in reports
-// the early free, and fails once the bug is fixed, to be turned into a plain CHECK_NO_MISUSE().
-TEST_CASE(known_bug_failed_copy_releases_pinned_parts_under_queued_copies) {
+// A copy that fails after some of the batch's copies were queued: TransferEngine::issue() must
+// keep the batch's pinned parts until those copies ran (it synchronises the stream before
+// rethrowing), or close() frees them under the queued copies and collation may rewrite them.
+TEST_CASE(a_failed_copy_keeps_pinned_parts_until_queued_copies_ran) {
   start_clean();
   const Source src(800);
   bool threw = false;
@@ -818,12 +812,7 @@ TEST_CASE(known_bug_failed_copy_releases_pinned_parts_under_queued_copies) {
   CHECK(threw);
   const std::vector<std::string> found = misuse_messages();
   fake().reset_misuses();
-  const bool bug = !found.empty() && any_contains(found, "freed while in use by a queued copy: cuMemFreeHost");
-  if (bug)
-    std::printf("    KNOWN BUG reproduced (expected): %s\n", found[0].c_str());
-  CHECK_MSG(bug, "the stand-in no longer reports pinned parts freed under their queued copies after a "
-                 "failed copy: if TransferEngine::issue() was fixed, make this case check for no misuse "
-                 "(" << found.size() << " misuses" << first_misuses() << ")");
+  CHECK_MSG(found.empty(), found.size() << " misuses after a failed copy, first: " << (found.empty() ? "" : found[0]));
   check_all_released("after the failed copy");
 }
 
@@ -864,17 +853,11 @@ class GatedPinned final : public HostAllocator {
 
 }  // namespace
 
-// KNOWN BUG in csrc/cuda/transfer_engine.cpp, TransferEngine::next(): whether the caller's epoch
-// is still the engine's is checked once, before the wait; the wait's predicate is only
-// `!ready_.empty() || finished_`. A consumer of epoch A that is woken by stop() but gets the
-// mutex back only after start() of epoch B queued B's first batch takes that batch (returns Ok,
-// retires it on B's pipeline), and B's own iterator never sees it. In Python: a thread blocked in
-// an old iterator's next() while another thread calls iter(). Here the late wake-up is forced by
-// a signal handler that holds the waiting thread for 0.5 s. The fix: re-check
-// `pipeline_.get() != epoch` after the wait (in the predicate, and before taking a batch).
-// This case expects the bug (a strict expected failure): it passes while the old iterator gets
-// the new epoch's batch, and fails once it gets Cancelled, to be turned into a plain check then.
-TEST_CASE(known_bug_old_iterator_takes_the_next_epochs_first_batch) {
+// A consumer of epoch A woken by stop() that gets the lock back only after start() of epoch B
+// queued B's first batch must get Cancelled, not B's batch (in Python: a thread blocked in an old
+// iterator's next() while another thread calls iter()). The late wake-up is forced by a signal
+// handler that holds the waiting thread for 0.5 s.
+TEST_CASE(an_old_iterator_never_takes_the_next_epochs_batch) {
   start_clean();
   struct sigaction sa {};
   sa.sa_handler = slow_handler;
@@ -920,14 +903,7 @@ TEST_CASE(known_bug_old_iterator_takes_the_next_epochs_first_batch) {
     engine.close();
   }
   sigaction(SIGUSR1, &previous, nullptr);
-  const bool bug = got == NextStatus::Ok;
-  if (bug)
-    std::printf("    KNOWN BUG reproduced (expected): epoch A's iterator got epoch B's batch %lld\n",
-                static_cast<long long>(step));
-  CHECK_MSG(bug || got == NextStatus::Cancelled, "the old iterator got " << status_name(got));
-  CHECK_MSG(bug, "the old iterator got " << status_name(got)
-                                         << ": if TransferEngine::next() was fixed, make this case expect "
-                                            "Cancelled");
+  CHECK_MSG(got == NextStatus::Cancelled, "the old iterator got " << status_name(got) << " (step " << step << ")");
   CHECK_NO_MISUSE();
   check_all_released("after the epoch race");
 }
