@@ -1,7 +1,9 @@
 """Turns user arrays (numpy, np.memmap, CPU torch tensors) into column descriptions for the core.
 
-A description is (name, owner, address, rows, pitch, row_bytes, dlpack_code, bits, row_shape):
-sample i is row_bytes bytes at address + i * pitch, and `owner` keeps that memory alive.
+A description is (name, owner, address, rows, pitch, row_bytes, dlpack_code, bits, row_shape,
+shards, ragged): sample i is row_bytes bytes at address + i * pitch, and `owner` keeps that memory
+alive. A column of several arrays, or a ragged one, lists its pieces in `shards` instead (see
+_shards.py); `ragged` is () for fixed rows.
 """
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ class ColumnSpec(NamedTuple):
     dl_code: int
     bits: int
     row_shape: tuple[int, ...]
+    # ((address, rows, pitch, offsets_address, items), ...) when the column is several arrays.
+    shards: tuple = ()
+    # (item_bytes, pad element bytes) for a ragged column, whose row_bytes is the padded slot.
+    ragged: tuple = ()
 
     def as_tuple(self) -> tuple:
         return tuple(self)

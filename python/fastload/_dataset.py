@@ -1,11 +1,14 @@
-"""The sources a Loader reads: Dataset (named columns, one row per sample) and Windows (token
-windows over one long 1-D array)."""
+"""The sources a Loader reads: Dataset (named columns, one row per sample) and Windows (windows
+along the first axis of one array or of several)."""
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, Sequence
 
-from ._columns import RESERVED_NAMES, ColumnSpec, describe_array, dtype_name
+from ._columns import RESERVED_NAMES, ColumnSpec, dtype_name
+from ._shards import common_shard_rows, describe_column, output_names
+from ._windows import describe_windows, map_token_files
 
 
 def _as_int(name: str, value: Any) -> int:
@@ -21,7 +24,9 @@ class Dataset:
     """Named columns of equal leading length; sample i is row i of every column.
 
     Columns may be numpy arrays, np.memmap (read in place, never copied) or CPU torch tensors, of
-    any bool or numeric dtype and any fixed row shape.
+    any bool or numeric dtype and any fixed row shape; a list of such arrays (shards of one
+    column, read in place); or a ragged column, fastload.Ragged or (values, offsets).
+    Dataset.open(path) opens a dataset directory (see fastload.write_dataset).
     """
 
     def __init__(self, columns: Mapping[str, Any]):
@@ -35,20 +40,40 @@ class Dataset:
                 raise TypeError(f"column names must be strings, got {name!r}")
             if name in RESERVED_NAMES:
                 raise ValueError(f"column name {name!r} is reserved by the loader (reserved: {', '.join(RESERVED_NAMES)})")
-            specs.append(describe_array(name, array))
+            specs.append(describe_column(name, array))
         lengths = {s.name: s.rows for s in specs}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"columns must have equal leading length, got {lengths}")
         if specs[0].rows == 0:
             raise ValueError("dataset is empty: columns have 0 rows")
+        names = output_names(specs)
+        if len(set(names)) != len(names):
+            raise ValueError(f"a column name clashes with a ragged column's <name>_lengths: {names}")
+        self._shard_rows = common_shard_rows(specs)
         self._specs: list[ColumnSpec] = specs
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, verify: bool = False, *, pad: Any = 0,
+             max_length: Any = None) -> "Dataset":
+        """A dataset directory written by fastload.write_dataset or DatasetWriter, mapped lazily.
+        verify=True reads every shard and checks its checksum. pad and max_length apply to its
+        ragged columns (a value for all, or a dict by column name)."""
+        from ._disk import open_dataset  # noqa: PLC0415 - _disk subclasses Dataset
+
+        return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples per shard in order when the columns are lists of arrays (or files); None for
+        in-memory arrays."""
+        return None if self._shard_rows is None else list(self._shard_rows)
 
     def __len__(self) -> int:
         return self._specs[0].rows
 
     @property
     def names(self) -> list[str]:
-        return [s.name for s in self._specs]
+        return output_names(self._specs)
 
     def column_specs(self) -> list[ColumnSpec]:
         return list(self._specs)
@@ -59,11 +84,14 @@ class Dataset:
 
 
 class Windows:
-    """Fixed-length windows over a 1-D array: sample i = tokens[i*stride : i*stride + length].
+    """Fixed-length windows along the first axis: sample i = tokens[i*stride : i*stride + length].
 
     The LLM pre-training source: a memory-mapped file of token ids read as overlapping or
     disjoint windows (length = context + 1 for next-token targets, stride = context). Batches
-    carry the column "tokens" of shape (batch, length) in the tokens' dtype.
+    carry the column "tokens" of shape (batch, length) in the tokens' dtype. An N-D array (a time
+    series (T, C, H, W)) gives batches (batch, length, C, H, W). A list of arrays (or
+    Windows.from_files) is one source whose windows never cross an array's end; the rows left
+    after each array's last window are counted in `unused_tokens`.
     """
 
     def __init__(self, tokens: Any, length: int, stride: int | None = None):
@@ -73,18 +101,27 @@ class Windows:
         stride = length if stride is None else _as_int("stride", stride)
         if stride <= 0:
             raise ValueError(f"stride must be positive, got {stride}")
-        spec = describe_array("tokens", tokens, what="tokens")
-        if len(spec.row_shape) != 0:
-            raise ValueError(f"tokens must be 1-D, got shape {(spec.rows,) + spec.row_shape}")
-        itemsize = spec.bits // 8
-        if spec.rows > 1 and spec.pitch != itemsize:
-            raise ValueError(f"tokens must be contiguous (stride {itemsize} bytes), got a stride of {spec.pitch} bytes")
-        if length > spec.rows:
-            raise ValueError(f"length must be at most the number of tokens ({spec.rows}), got {length}")
-        self.length, self.stride, self.num_tokens = length, stride, spec.rows
-        count = (spec.rows - length) // stride + 1
-        self._spec = spec._replace(rows=count, pitch=stride * itemsize, row_bytes=length * itemsize,
-                                   row_shape=(length,))
+        layout = describe_windows(tokens, length, stride)
+        self.length, self.stride, self.num_tokens = length, stride, layout.num_tokens
+        self.unused_tokens = layout.unused_tokens  # rows after the last window of each array
+        self.unused_per_file = layout.unused_per_shard
+        self.files: list[str] | None = None
+        self._shard_rows = layout.shard_rows
+        self._spec = layout.spec
+
+    @classmethod
+    def from_files(cls, paths: Sequence[str | os.PathLike], dtype: Any, length: int, stride: int | None = None,
+                   row_shape: Sequence[int] = ()) -> "Windows":
+        """Windows over raw binary files (nanoGPT/Megatron token .bin files, or time-series rows of
+        shape row_shape), each memory-mapped read-only: one source, no window crossing a file end."""
+        source = cls(map_token_files(paths, dtype, row_shape), length, stride)
+        source.files = [os.fspath(p) for p in paths]
+        return source
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Windows per array (file) in order for a list of arrays; None for one array."""
+        return None if self._shard_rows is None else list(self._shard_rows)
 
     def __len__(self) -> int:
         return self._spec.rows
@@ -97,5 +134,7 @@ class Windows:
         return [self._spec]
 
     def __repr__(self) -> str:
-        return (f"Windows({len(self)} windows of {self.length} {dtype_name(self._spec)} tokens, "
-                f"stride {self.stride}, over {self.num_tokens} tokens)")
+        rest = f" x {list(self._spec.row_shape[1:])}" if len(self._spec.row_shape) > 1 else ""
+        files = f" in {len(self._shard_rows)} arrays" if self._shard_rows is not None else ""
+        return (f"Windows({len(self)} windows of {self.length}{rest} {dtype_name(self._spec)} tokens, "
+                f"stride {self.stride}, over {self.num_tokens} tokens{files})")
