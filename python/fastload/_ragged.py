@@ -67,12 +67,12 @@ class Ragged:
     """
 
     def __init__(self, values: Any, offsets: Any, *, pad: Any = 0, max_length: int | None = None):
+        # A list of values is a list of shards; offsets may be any integer array-like otherwise.
         values_list = values if isinstance(values, list) else [values]
-        offsets_list = offsets if isinstance(offsets, list) else [offsets]
-        if isinstance(values, list) != isinstance(offsets, list) or len(values_list) != len(offsets_list):
-            raise ValueError("values and offsets must both be arrays, or lists of the same length (one per shard); "
-                             f"got {type(values).__name__} of {len(values_list)} and "
-                             f"{type(offsets).__name__} of {len(offsets_list)}")
+        offsets_list = offsets if isinstance(values, list) else [offsets]
+        if isinstance(values, list) and (not isinstance(offsets, list) or len(offsets) != len(values)):
+            raise ValueError("values given as a list of shards need offsets as a list of the same length, got "
+                             f"{len(values)} values and {type(offsets).__name__} offsets")
         if not values_list:
             raise ValueError("a ragged column needs at least one shard, got empty lists")
         longest = 0

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+import torch
+
 from ._columns import ColumnSpec, describe_array
 
 # The shard table entry of a fixed-row shard: (address, rows, pitch, offsets_address, items).
@@ -23,6 +26,10 @@ def describe_shards(name: str, arrays: Sequence[Any], what: str = "column") -> C
     through shard 0, then shard 1, ... The owner is the tuple of arrays."""
     if len(arrays) == 0:
         raise ValueError(f"{what} {name!r} is an empty list of arrays; give at least one")
+    for a in arrays:
+        if not isinstance(a, (np.ndarray, torch.Tensor)):
+            raise TypeError(f"{what} {name!r} must be a numpy array, np.memmap or CPU torch.Tensor, or a list of them "
+                            f"(shards), got list of {type(a).__name__}; pass np.asarray() for a list of values")
     specs = [describe_array(name, a, what=what) for a in arrays]
     for k, s in enumerate(specs):
         _same_kind(what, name, specs[0], s, k)
