@@ -222,13 +222,13 @@ def test_manifest_disagreeing_with_files_is_named_at_open(written):
         fl.Dataset.open(written)
 
 
-def test_same_size_header_disagreement_is_named_when_mapped_and_by_verify(written):
+def test_same_size_header_disagreement_is_named_by_verify_and_shard(written):
     m = manifest(written)
     m["columns"][0]["dtype"] = "<i4"  # same size as <f4: only the header tells
     rewrite_manifest(written, m)
-    ds = fl.Dataset.open(written)  # stat-only open cannot see it
-    with pytest.raises(fl.DatasetError, match=r"x/000000\.npy: its \.npy header says float32"):
-        fl.Loader(ds, 8)
+    ds = fl.Dataset.open(written)  # stat-only open (and mapping for a Loader) cannot see it
+    with pytest.raises(fl.DatasetError, match=r"x/000001\.npy: its \.npy header says float32"):
+        ds.shard(1)
     with pytest.raises(fl.DatasetError, match=r"x/000000\.npy: its \.npy header says float32"):
         fl.Dataset.open(written, verify=True)
 

@@ -117,14 +117,20 @@ void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
 // Sharded columns resolve this many ids to addresses at a time (on the stack), then copy them.
 constexpr int64_t kBlock = 256;
 
-// The shard holding sample `id`. `hint` is the previous answer: runs of ids often share a shard
-// (block order, sequential reads), and a hit skips the search.
-inline size_t find_shard(const ColumnSpec& col, int64_t id, size_t hint) {
-  const int64_t* starts = col.starts.data();
-  if (starts[hint] <= id && id < starts[hint + 1]) return hint;
-  // The first shard whose end is past id; empty shards (equal starts) are skipped over.
-  const int64_t* ends = starts + 1;
-  return static_cast<size_t>(std::upper_bound(ends, ends + col.shards.size(), id) - ends);
+// The shard holding sample `id`: the number of shard ends at or before it. A branch-free binary
+// search (conditional moves): shuffled ids would mispredict nearly every branch of std::upper_bound,
+// which costs more than the few cache-resident loads of the search itself. Empty shards (equal
+// ends) are stepped over.
+inline size_t find_shard(const ColumnSpec& col, int64_t id) {
+  const int64_t* ends = col.starts.data() + 1;
+  const int64_t* base = ends;
+  size_t n = col.shards.size();
+  while (n > 1) {
+    const size_t half = n / 2;
+    base = base[half] <= id ? base + half : base;
+    n -= half;
+  }
+  return static_cast<size_t>(base - ends) + (*base <= id ? 1 : 0);
 }
 
 void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
@@ -189,14 +195,13 @@ void set_shards(ColumnSpec& col, std::vector<Shard> shards) {
 void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
   if (!col.sharded()) return gather_with(Strided{col.base, col.pitch, ids}, col.row_bytes, count, dst);
   const std::byte* rows[kBlock];
-  size_t hint = 0;
   for (int64_t b = 0; b < count; b += kBlock) {
     const int64_t n = std::min(kBlock, count - b);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t id = ids[b + i];
-      hint = find_shard(col, id, hint);
-      const Shard& sh = col.shards[hint];
-      rows[i] = sh.base + (id - col.starts[hint]) * sh.pitch;
+      const size_t s = find_shard(col, id);
+      const Shard& sh = col.shards[s];
+      rows[i] = sh.base + (id - col.starts[s]) * sh.pitch;
     }
     gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes);
   }
@@ -211,14 +216,13 @@ void gather_ragged(const ColumnSpec& col, const int64_t* ids, int64_t count, std
   size_t shard[kRaggedBlock];
   int64_t row[kRaggedBlock], items[kRaggedBlock];
   const std::byte* src[kRaggedBlock];
-  size_t hint = 0;
   for (int64_t b = 0; b < count; b += kRaggedBlock) {
     const int64_t n = std::min(kRaggedBlock, count - b);
     for (int64_t i = 0; i < n; ++i) {
-      hint = find_shard(col, ids[b + i], hint);
-      shard[i] = hint;
-      row[i] = ids[b + i] - col.starts[hint];
-      __builtin_prefetch(col.shards[hint].offsets + row[i], 0, 0);
+      const size_t s = find_shard(col, ids[b + i]);
+      shard[i] = s;
+      row[i] = ids[b + i] - col.starts[s];
+      __builtin_prefetch(col.shards[s].offsets + row[i], 0, 0);
     }
     for (int64_t i = 0; i < n; ++i) {
       const Shard& sh = col.shards[shard[i]];

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import mmap
 import os
 import threading
@@ -70,7 +71,7 @@ class _File:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def check_size(self) -> None:
         try:
@@ -96,8 +97,9 @@ class _File:
             raise DatasetError(f"{self.path}: its .npy header says {np.dtype(dtype)} {tuple(shape)} "
                                f"(data at byte {end}), the manifest {self.dtype} {self.shape} (at byte {self.offset})")
 
-    def map(self) -> np.ndarray:
-        """The file's array, read-only and memory-mapped (pages are read when touched)."""
+    def map(self, check_header: bool = False) -> np.ndarray:
+        """The file's array, read-only and memory-mapped (pages are read when touched). The header
+        is read only if asked: mapping a thousand shards must not read a thousand pages."""
         fd = os.open(self.path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
@@ -106,8 +108,9 @@ class _File:
             mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self.check_header(mm[:self.offset])
-        count = int(np.prod(self.shape, dtype=np.int64))
+        if check_header:
+            self.check_header(mm[:self.offset])
+        count = math.prod(self.shape)
         return np.frombuffer(mm, dtype=self.dtype, count=count, offset=self.offset).reshape(self.shape)
 
     def verify(self) -> None:
@@ -269,7 +272,7 @@ class DiskDataset(Dataset):
         out: dict[str, Any] = {}
         for col in self._columns:
             f = col.files[k]
-            out[col.name] = f.map() if col.kind == "fixed" else (f[0].map(), f[1].map())
+            out[col.name] = f.map(True) if col.kind == "fixed" else (f[0].map(True), f[1].map(True))
         return out
 
     @property

@@ -10,6 +10,7 @@ import re
 import secrets
 import shutil
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import numpy as np
@@ -21,6 +22,7 @@ from ._ragged import Ragged
 
 _SHARD_BYTES = 64 << 20  # default shard size when rows_per_shard is not given
 _BUFFER = 1 << 20
+_OVERLAP_BYTES = 1 << 20  # writes at least this large checksum on the helper thread
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _PLACEHOLDER = 10**15  # reserves header room for a values file whose length is not known yet
 
@@ -71,23 +73,34 @@ def _as_ragged(name: str, value: Any) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 class _OpenFile:
-    """One .npy file being written: header reserved, data appended, checksum running."""
+    """One .npy file being written: header reserved, data appended, checksum running. A large
+    write's checksum runs on a helper thread while the write itself copies the same bytes into
+    the page cache (both release the GIL), so the checksum costs little wall time; it is done
+    before write() returns, since the caller may reuse its buffer."""
 
-    def __init__(self, root: str, rel: str, dtype: np.dtype, shape_hint: tuple[int, ...], fsync: bool, checksum: bool):
+    def __init__(self, root: str, rel: str, dtype: np.dtype, shape_hint: tuple[int, ...], fsync: bool,
+                 checksum: bool, pool: ThreadPoolExecutor | None = None):
         self.rel, self.path, self.dtype = rel, os.path.join(root, rel), dtype
         self.header_len = len(_npy_header(dtype, shape_hint))
         self.f = open(self.path, "wb", buffering=_BUFFER)
         self.f.write(b"\0" * self.header_len)
         self.crc = 0
-        self.checksum, self.fsync = checksum, fsync
+        self.checksum, self.fsync, self.pool = checksum, fsync, pool
         self.count = 0  # leading-axis entries written
 
     def write(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a)
         view = memoryview(a).cast("B") if a.nbytes else b""
-        if self.checksum:
-            self.crc = zlib.crc32(view, self.crc)
-        self.f.write(view)
+        if self.checksum and self.pool is not None and len(view) >= _OVERLAP_BYTES:
+            crc = self.pool.submit(zlib.crc32, view, self.crc)
+            try:
+                self.f.write(view)
+            finally:
+                self.crc = crc.result()
+        else:
+            if self.checksum:
+                self.crc = zlib.crc32(view, self.crc)
+            self.f.write(view)
         self.count += len(a)
 
     def finish(self, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -173,6 +186,7 @@ class DatasetWriter:
         self._shard_rows = 0  # rows in the open shard
         self._rows = 0
         self._state = "open"
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-writer") if checksum else None
 
     # ------------------------------------------------------------------ appending
     def append(self, chunk: Mapping[str, Any]) -> None:
@@ -253,13 +267,13 @@ class DatasetWriter:
         for c in self._columns:
             if c.ragged:
                 c.files = [_OpenFile(self._tmp, f"{c.dir}/{k:06d}.values.npy", c.dtype, (_PLACEHOLDER,) + c.row_shape,
-                                     self._fsync, self._checksum),
+                                     self._fsync, self._checksum, self._pool),
                            _OpenFile(self._tmp, f"{c.dir}/{k:06d}.offsets.npy", np.dtype("<i8"), (_PLACEHOLDER,),
-                                     self._fsync, self._checksum)]
+                                     self._fsync, self._checksum, self._pool)]
                 c.files[1].write(np.zeros(1, dtype=np.int64))
             else:
                 c.files = [_OpenFile(self._tmp, f"{c.dir}/{k:06d}.npy", c.dtype, (self.rows_per_shard,) + c.row_shape,
-                                     self._fsync, self._checksum)]
+                                     self._fsync, self._checksum, self._pool)]
 
     def _close_shard(self) -> None:
         entries: dict[str, Any] = {}
@@ -302,6 +316,12 @@ class DatasetWriter:
             self.abort()
             raise
         self._state = "closed"
+        self._stop_pool()
+
+    def _stop_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _sync_dirs(self) -> None:
         if not self._fsync:
@@ -339,6 +359,7 @@ class DatasetWriter:
             for f in c.files:
                 f.abandon()
         shutil.rmtree(self._tmp, ignore_errors=True)
+        self._stop_pool()
 
     def __enter__(self) -> "DatasetWriter":
         return self
