@@ -210,8 +210,8 @@ def main() -> None:
     print(f"| major faults during the opens | {o['major_faults']} |")
     print(f"| data pages resident before / after the opens (mincore over all files) | "
           f"{o['resident_before']} / {o['resident_after_open']} |")
-    print(f"| first Loader over it (maps 2,000 files, reads their headers), ms | {o['loader_ms']:.1f} |")
-    print(f"| pages resident after that Loader (header pages) | {o['resident_after_loader']} |")
+    print(f"| first Loader over it (maps the 2,000 files), ms | {o['loader_ms']:.1f} |")
+    print(f"| pages resident after that Loader | {o['resident_after_loader']} |")
     print(f"| Dataset.open(verify=True): crc32 of every shard, GB/s | {o['verify_gbs']:.2f} |")
     ok = med < BAR_OPEN_MS and o["resident_after_open"] == o["resident_before"]
     print(f"\nBar: open < {BAR_OPEN_MS:.0f} ms with no data pages read: median {med:.2f} ms, "
