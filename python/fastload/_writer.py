@@ -78,14 +78,14 @@ class _OpenFile:
     the page cache (both release the GIL), so the checksum costs little wall time; it is done
     before write() returns, since the caller may reuse its buffer."""
 
-    def __init__(self, root: str, rel: str, dtype: np.dtype, shape_hint: tuple[int, ...], fsync: bool,
+    def __init__(self, root: str, rel: str, dtype: np.dtype, shape_hint: tuple[int, ...], syncer: "_Syncer | None",
                  checksum: bool, pool: ThreadPoolExecutor | None = None):
         self.rel, self.path, self.dtype = rel, os.path.join(root, rel), dtype
         self.header_len = len(_npy_header(dtype, shape_hint))
         self.f = open(self.path, "wb", buffering=_BUFFER)
         self.f.write(b"\0" * self.header_len)
         self.crc = 0
-        self.checksum, self.fsync, self.pool = checksum, fsync, pool
+        self.checksum, self.syncer, self.pool = checksum, syncer, pool
         self.count = 0  # leading-axis entries written
 
     def write(self, a: np.ndarray) -> None:
@@ -107,9 +107,10 @@ class _OpenFile:
         self.f.seek(0)
         self.f.write(_npy_header(self.dtype, shape, self.header_len))
         self.f.flush()
-        if self.fsync:
-            os.fsync(self.f.fileno())
-        self.f.close()
+        if self.syncer is not None:
+            self.syncer.sync_and_close(self.f)
+        else:
+            self.f.close()
         entry: dict[str, Any] = {"path": self.rel, "offset": self.header_len, "shape": list(shape)}
         if self.checksum:
             entry[CHECKSUM] = self.crc
@@ -120,6 +121,46 @@ class _OpenFile:
             self.f.close()
         except OSError:
             pass
+
+
+def _fsync_close(f: Any) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
+
+
+class _Syncer:
+    """fsyncs finished shards on a helper thread while the next shards are written, so the disk
+    writes back one shard while the page cache fills with the next (an fsync on the writing thread
+    would leave the disk idle during every write); at most `ahead` shards wait for theirs."""
+
+    def __init__(self, ahead: int = 2):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-fsync")
+        self._pending: list[Any] = []
+        self._ahead = ahead
+
+    def sync_and_close(self, f: Any) -> None:
+        self._pending.append(self._pool.submit(_fsync_close, f))
+        while len(self._pending) > self._ahead:
+            self._pending.pop(0).result()
+
+    def drain(self) -> None:
+        """Waits for every pending fsync; raises the first failure."""
+        try:
+            while self._pending:
+                self._pending.pop(0).result()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        for fut in self._pending:
+            try:
+                fut.result()
+            except OSError:
+                pass
+        self._pending = []
+        self._pool.shutdown(wait=True)
 
 
 class _Column:
@@ -187,6 +228,7 @@ class DatasetWriter:
         self._rows = 0
         self._state = "open"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-writer") if checksum else None
+        self._syncer = _Syncer() if fsync else None
 
     # ------------------------------------------------------------------ appending
     def append(self, chunk: Mapping[str, Any]) -> None:
@@ -267,13 +309,13 @@ class DatasetWriter:
         for c in self._columns:
             if c.ragged:
                 c.files = [_OpenFile(self._tmp, f"{c.dir}/{k:06d}.values.npy", c.dtype, (_PLACEHOLDER,) + c.row_shape,
-                                     self._fsync, self._checksum, self._pool),
+                                     self._syncer, self._checksum, self._pool),
                            _OpenFile(self._tmp, f"{c.dir}/{k:06d}.offsets.npy", np.dtype("<i8"), (_PLACEHOLDER,),
-                                     self._fsync, self._checksum, self._pool)]
+                                     self._syncer, self._checksum, self._pool)]
                 c.files[1].write(np.zeros(1, dtype=np.int64))
             else:
                 c.files = [_OpenFile(self._tmp, f"{c.dir}/{k:06d}.npy", c.dtype, (self.rows_per_shard,) + c.row_shape,
-                                     self._fsync, self._checksum, self._pool)]
+                                     self._syncer, self._checksum, self._pool)]
 
     def _close_shard(self) -> None:
         entries: dict[str, Any] = {}
@@ -301,6 +343,8 @@ class DatasetWriter:
                 self._close_shard()
             if self._rows == 0:
                 raise ValueError("nothing was appended: a dataset needs at least one row")
+            if self._syncer is not None:
+                self._syncer.drain()  # every shard is on disk before the manifest names it
             manifest = {"format": FORMAT, "version": VERSION, "rows": self._rows, "checksum":
                         CHECKSUM if self._checksum else None, "rows_per_shard": self.rows_per_shard,
                         "columns": [c.describe() for c in self._columns], "shards": self._shards}
@@ -358,6 +402,8 @@ class DatasetWriter:
         for c in self._columns or []:
             for f in c.files:
                 f.abandon()
+        if self._syncer is not None:
+            self._syncer.abandon()
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._stop_pool()
 
