@@ -10,7 +10,13 @@ import torch
 import fastload as fl
 
 
-@pytest.mark.parametrize("sizes", [[5], [1, 1, 1], [0, 10, 0, 0, 7, 0], [300, 1, 2000, 3, 511], [1] * 257], ids=str)
+# Shard sizes for each lookup the core picks: one shard (the strided fast path), equal shards
+# (bucket table, no walk), uneven ones (bucket table with walks), empty ones (dropped), and a
+# cluster of tiny shards beside a large one (too uneven for buckets: binary search).
+SIZES = [[5], [1, 1, 1], [0, 10, 0, 0, 7, 0], [300, 1, 2000, 3, 511], [1] * 257, [64] * 40, [1] * 50 + [5000]]
+
+
+@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: f"{len(s)}shards-{sum(s)}rows")
 @pytest.mark.parametrize("row", [(), (3,), (2, 512), (5000,)], ids=str)
 def test_sharded_column_equals_its_concatenation(rng, sizes, row):
     parts = [rng.integers(0, 255, (n,) + row).astype(np.uint8) for n in sizes]

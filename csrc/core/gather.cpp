@@ -117,12 +117,53 @@ void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
 // Sharded columns resolve this many ids to addresses at a time (on the stack), then copy them.
 constexpr int64_t kBlock = 256;
 
+// Buckets of 2^shift samples, each knowing the shard of its first sample; a lookup then steps
+// over the shard ends inside its bucket (branch-free, a fixed count: the most any bucket has).
+// The widest buckets whose walks are at most kMaxWalk, within a table of a few entries per shard.
+void build_buckets(ColumnSpec& col) {
+  constexpr int kMaxWalk = 2;
+  const size_t n = col.shards.size();
+  const int64_t rows = col.rows;
+  if (rows <= 0 || n > std::numeric_limits<uint32_t>::max()) return;
+  const size_t limit = 4 * n + 64;
+  const int64_t* ends = col.starts.data() + 1;
+  int shift = 62;
+  while (shift > 0 && (int64_t{1} << shift) > rows / static_cast<int64_t>(n)) --shift;
+  for (; shift >= 0; --shift) {
+    const size_t count = static_cast<size_t>((rows - 1) >> shift) + 1;
+    if (count > limit) return;  // too uneven: binary search
+    std::vector<uint32_t> table(count);
+    int walk = 0;
+    size_t s = 0;
+    for (size_t b = 0; b < count; ++b) {
+      const int64_t first = static_cast<int64_t>(b) << shift;
+      const int64_t last = std::min(rows, first + (int64_t{1} << shift)) - 1;
+      while (ends[s] <= first) ++s;
+      table[b] = static_cast<uint32_t>(s);
+      size_t e = s;
+      while (ends[e] <= last) ++e;
+      walk = std::max(walk, static_cast<int>(e - s));
+    }
+    if (walk <= kMaxWalk) {
+      col.buckets = std::move(table);
+      col.bucket_shift = shift;
+      col.bucket_walk = walk;
+      return;
+    }
+  }
+}
+
 // The shard holding sample `id`: the number of shard ends at or before it. A branch-free binary
 // search (conditional moves): shuffled ids would mispredict nearly every branch of std::upper_bound,
 // which costs more than the few cache-resident loads of the search itself. Empty shards (equal
 // ends) are stepped over.
 inline size_t find_shard(const ColumnSpec& col, int64_t id) {
   const int64_t* ends = col.starts.data() + 1;
+  if (!col.buckets.empty()) {
+    size_t s = col.buckets[static_cast<size_t>(id >> col.bucket_shift)];
+    for (int j = 0; j < col.bucket_walk; ++j) s += ends[s] <= id ? 1 : 0;
+    return s;
+  }
   const int64_t* base = ends;
   size_t n = col.shards.size();
   while (n > 1) {
@@ -145,7 +186,7 @@ void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
 
 [[noreturn]] void bad_offsets(const ColumnSpec& col, size_t shard, int64_t row, int64_t a, int64_t b, int64_t items) {
   throw std::invalid_argument("ragged column " + col.name + ": row " + std::to_string(row) + " of shard " +
-                              std::to_string(shard) + " has offsets [" + std::to_string(a) + ", " +
+                              std::to_string(col.shard_index[shard]) + " has offsets [" + std::to_string(a) + ", " +
                               std::to_string(b) + ") outside its " + std::to_string(items) +
                               " values (a corrupt offsets file?)");
 }
@@ -180,16 +221,33 @@ void set_shards(ColumnSpec& col, std::vector<Shard> shards) {
   }
   if (shards.empty() && col.ragged) throw std::invalid_argument(what + "a ragged column needs a shard");
   col.rows = starts.back();
-  if (shards.size() == 1 && !col.ragged) {
+  // Shards without samples are never looked up: dropping them keeps the buckets' walks short.
+  std::vector<Shard> kept;
+  std::vector<int64_t> index;
+  for (size_t s = 0; s < shards.size(); ++s)
+    if (shards[s].rows > 0) {
+      kept.push_back(shards[s]);
+      index.push_back(static_cast<int64_t>(s));
+    }
+  if (kept.empty()) {  // no samples at all: keep the first shard so the column stays well-formed
+    kept.push_back(shards.empty() ? Shard{} : shards[0]);
+    index.push_back(0);
+  }
+  col.shards.clear();
+  col.starts.clear();
+  col.shard_index.clear();
+  col.buckets.clear();
+  if (kept.size() == 1 && !col.ragged) {
     // One shard is a strided column: keep the fast path.
-    col.base = shards[0].base;
-    col.pitch = shards[0].pitch;
-    col.shards.clear();
-    col.starts.clear();
+    col.base = kept[0].base;
+    col.pitch = kept[0].pitch;
     return;
   }
-  col.shards = std::move(shards);
-  col.starts = std::move(starts);
+  col.starts.assign(1, 0);
+  for (const Shard& sh : kept) col.starts.push_back(col.starts.back() + sh.rows);
+  col.shards = std::move(kept);
+  col.shard_index = std::move(index);
+  build_buckets(col);
 }
 
 void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {

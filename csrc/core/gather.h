@@ -24,7 +24,9 @@ struct Shard {
 // base + i * pitch (a dataset column has pitch == row_bytes; a Windows source has
 // pitch = stride * itemsize and overlapping rows). With one (set_shards), sample i is row
 // i - starts[s] of the shard s with starts[s] <= i < starts[s + 1]: every collation thread reads
-// the same table, and finds s by a binary search (no per-sample index).
+// the same table, and finds s from a bucket table of O(shards) entries (the shard of every
+// 2^bucket_shift-th sample, then at most bucket_walk steps), or by a binary search when shard
+// sizes are too uneven for that; never a per-sample index.
 struct ColumnSpec {
   std::string name;
   const std::byte* base = nullptr;
@@ -33,6 +35,9 @@ struct ColumnSpec {
   int64_t row_bytes = 0;  // ragged: the padded slot, max_items * item_bytes
   std::vector<Shard> shards;
   std::vector<int64_t> starts;  // shards.size() + 1 entries; starts.back() == rows
+  std::vector<int64_t> shard_index;  // each shard's place in the list given (empty ones are dropped)
+  std::vector<uint32_t> buckets;     // empty: binary search
+  int bucket_shift = 0, bucket_walk = 0;
   // Ragged: the batch gets the slot part and an int64 lengths part (items written per row).
   bool ragged = false;
   int64_t item_bytes = 0;
