@@ -107,7 +107,7 @@ def test_default_rows_per_shard_and_manifest_contents(tmp_path, rng):
     assert m["format"] == "fastload-dataset" and m["version"] == 1 and m["rows"] == 1000
     assert m["columns"] == [{"name": "x", "kind": "fixed", "dtype": "|u1", "row_shape": [16]}]
     assert [s["rows"] for s in m["shards"]] == [1000]  # far under 64 MiB: one shard
-    assert isinstance(m["shards"][0]["columns"]["x"]["crc32"], int)
+    assert m["checksum"] == "fl64" and len(m["shards"][0]["columns"]["x"]["fl64"]) == 16
     assert fl.Dataset.open(tmp_path / "d").shard_rows is None
 
 

@@ -13,11 +13,11 @@ import math
 import mmap
 import os
 import threading
-import zlib
 from typing import Any, Mapping
 
 import numpy as np
 
+from . import _C
 from ._columns import ColumnSpec
 from ._dataset import Dataset
 from ._ragged import Ragged
@@ -26,7 +26,7 @@ from ._shards import describe_shards, output_names
 MANIFEST = "manifest.json"
 FORMAT = "fastload-dataset"
 VERSION = 1
-CHECKSUM = "crc32"  # of each file's data bytes (after the .npy header)
+CHECKSUM = "fl64"  # fastload._C.Checksum64 of each file's data bytes (after the .npy header), hex
 _VERIFY_CHUNK = 16 << 20
 
 
@@ -35,8 +35,8 @@ class DatasetError(ValueError):
     a manifest that disagrees with its files, an unknown format version. The message names the file."""
 
 
-def crc32_file(path: str, offset: int, nbytes: int) -> int:
-    crc = 0
+def checksum_file(path: str, offset: int, nbytes: int) -> str:
+    h = _C.Checksum64()
     buf = bytearray(min(_VERIFY_CHUNK, max(nbytes, 1)))
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
@@ -46,22 +46,22 @@ def crc32_file(path: str, offset: int, nbytes: int) -> int:
             n = f.readinto(view[:min(left, len(buf))])
             if not n:
                 break
-            crc = zlib.crc32(view[:n], crc)
+            h.update(view[:n])
             left -= n
-    return crc
+    return h.hexdigest()
 
 
 class _File:
     """One .npy file of the directory as the manifest describes it."""
 
-    __slots__ = ("path", "offset", "shape", "dtype", "crc32")
+    __slots__ = ("path", "offset", "shape", "dtype", "checksum")
 
     def __init__(self, root: str, entry: Any, dtype: np.dtype, what: str):
         try:
             rel = entry["path"]
             self.offset = int(entry["offset"])
             self.shape = tuple(int(s) for s in entry["shape"])
-            self.crc32 = entry.get("crc32")
+            self.checksum = entry.get(CHECKSUM)
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{os.path.join(root, MANIFEST)}: malformed entry for {what}: {entry!r} ({e})") from None
         if not isinstance(rel, str) or os.path.isabs(rel) or ".." in rel.split("/"):
@@ -116,12 +116,12 @@ class _File:
     def verify(self) -> None:
         with open(self.path, "rb") as f:
             self.check_header(f.read(self.offset))
-        if self.crc32 is None:
+        if self.checksum is None:
             return
-        got = crc32_file(self.path, self.offset, self.nbytes)
-        if got != int(self.crc32):
-            raise DatasetError(f"{self.path}: checksum mismatch ({CHECKSUM} {got:08x}, the manifest "
-                               f"{int(self.crc32):08x}): the shard is corrupt")
+        got = checksum_file(self.path, self.offset, self.nbytes)
+        if got != self.checksum:
+            raise DatasetError(f"{self.path}: checksum mismatch ({CHECKSUM} {got}, the manifest "
+                               f"{self.checksum}): the shard is corrupt")
 
 
 class _Column:
