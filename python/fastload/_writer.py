@@ -22,6 +22,7 @@ from ._ragged import Ragged
 
 _SHARD_BYTES = 64 << 20  # default shard size when rows_per_shard is not given
 _BUFFER = 1 << 20
+_OVERLAP_BYTES = 1 << 20  # writes at least this large are hashed on the helper thread
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _PLACEHOLDER = 10**15  # reserves header room for a values file whose length is not known yet
 
@@ -73,24 +74,33 @@ def _as_ragged(name: str, value: Any) -> tuple[np.ndarray, np.ndarray] | None:
 
 class _OpenFile:
     """One .npy file being written: header reserved, data appended, checksum running (the core's
-    Checksum64, several GB/s: zlib's crc32 ran at 1.5-2 GB/s here and halved the writer)."""
+    Checksum64, several GB/s; zlib's crc32 ran at 1.5-2 GB/s here). A large write is hashed on a
+    helper thread while this thread copies the same bytes into the page cache (both release the
+    GIL); the hash is done before write() returns, since the caller may reuse its buffer."""
 
     def __init__(self, root: str, rel: str, dtype: np.dtype, shape_hint: tuple[int, ...], syncer: "_Syncer | None",
-                 checksum: bool):
+                 checksum: bool, hasher: ThreadPoolExecutor | None = None):
         self.rel, self.path, self.dtype = rel, os.path.join(root, rel), dtype
         self.header_len = len(_npy_header(dtype, shape_hint))
         self.f = open(self.path, "wb", buffering=_BUFFER)
         self.f.write(b"\0" * self.header_len)
         self.hash = _C.Checksum64() if checksum else None
-        self.syncer = syncer
+        self.syncer, self.hasher = syncer, hasher
         self.count = 0  # leading-axis entries written
 
     def write(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a)
         view = memoryview(a).cast("B") if a.nbytes else b""
-        if self.hash is not None:
-            self.hash.update(view)
-        self.f.write(view)
+        if self.hash is not None and self.hasher is not None and len(view) >= _OVERLAP_BYTES:
+            done = self.hasher.submit(self.hash.update, view)
+            try:
+                self.f.write(view)
+            finally:
+                done.result()
+        else:
+            if self.hash is not None:
+                self.hash.update(view)
+            self.f.write(view)
         self.count += len(a)
 
     def finish(self, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -218,6 +228,7 @@ class DatasetWriter:
         self._rows = 0
         self._state = "open"
         self._syncer = _Syncer() if fsync else None
+        self._hasher = ThreadPoolExecutor(1, thread_name_prefix="fastload-hash") if checksum else None
 
     # ------------------------------------------------------------------ appending
     def append(self, chunk: Mapping[str, Any]) -> None:
@@ -298,13 +309,13 @@ class DatasetWriter:
         for c in self._columns:
             if c.ragged:
                 c.files = [_OpenFile(self._tmp, f"{c.dir}/{k:06d}.values.npy", c.dtype, (_PLACEHOLDER,) + c.row_shape,
-                                     self._syncer, self._checksum),
+                                     self._syncer, self._checksum, self._hasher),
                            _OpenFile(self._tmp, f"{c.dir}/{k:06d}.offsets.npy", np.dtype("<i8"), (_PLACEHOLDER,),
-                                     self._syncer, self._checksum)]
+                                     self._syncer, self._checksum, self._hasher)]
                 c.files[1].write(np.zeros(1, dtype=np.int64))
             else:
                 c.files = [_OpenFile(self._tmp, f"{c.dir}/{k:06d}.npy", c.dtype, (self.rows_per_shard,) + c.row_shape,
-                                     self._syncer, self._checksum)]
+                                     self._syncer, self._checksum, self._hasher)]
 
     def _close_shard(self) -> None:
         entries: dict[str, Any] = {}
@@ -349,6 +360,12 @@ class DatasetWriter:
             self.abort()
             raise
         self._state = "closed"
+        self._stop_hasher()
+
+    def _stop_hasher(self) -> None:
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
 
     def _sync_dirs(self) -> None:
         if not self._fsync:
@@ -388,6 +405,7 @@ class DatasetWriter:
         if self._syncer is not None:
             self._syncer.abandon()
         shutil.rmtree(self._tmp, ignore_errors=True)
+        self._stop_hasher()
 
     def __enter__(self) -> "DatasetWriter":
         return self
