@@ -2,15 +2,20 @@
 
 Owns the benchmark data files (bench/data/, git-ignored) and the results tables; the ceiling's
 copy loop lives in bench/ceiling.cpp. Run `python bench/bench_loader.py [--quick]`; see
-bench/RESULTS.md for the latest full run and how to read it.
+bench/RESULTS.md for the latest full run and how to read it. Figures are medians over interleaved
+rounds of per-round figures (a ratio is taken within a round), shown with their min-max.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import datetime
+import functools
 import gc
 import hashlib
+import inspect
+import json
+import logging
 import os
 import platform
 import resource
@@ -46,6 +51,8 @@ CEILING_LINES = 4
 BAR_CEILING = 0.7
 # A measurement during which other processes used more than this many cores is marked "*".
 CONTENDED = 0.3
+# The per-batch stats counters may cost under this share of throughput on 64 B rows (issue 9).
+BAR_STATS_COST = 0.02
 
 
 def bar_dataloader(row_bytes: int) -> float:
@@ -61,6 +68,7 @@ class Workload:
     dtype: type
     batch: int
     window: tuple | None = None  # (length, stride) in tokens for a token-window workload
+    stats_cost: bool = False     # also measure the stats counters' cost here (on vs off)
 
     @property
     def row_bytes(self) -> int:
@@ -88,7 +96,8 @@ def workloads(quick: bool) -> list[Workload]:
     ntok = int(10**9 * scale)                # uint16 tokens: 2 GB
     return [
         Workload("1 KiB rows, batch 256", f"rows1k_{n1k}.npy", (n1k, 1024), np.uint8, 256),
-        Workload("64 B rows, batch 4096", f"rows64_{n64}.npy", (n64, 64), np.uint8, 4096),
+        Workload("64 B rows, batch 4096", f"rows64_{n64}.npy", (n64, 64), np.uint8, 4096,
+                 stats_cost=True),
         Workload("150 KiB rows, batch 64", f"rows150k_{n150}.npy", (n150, 150 * kib), np.uint8, 64),
         Workload("uint16 windows 1025/1024, batch 64", f"tokens_{ntok}.npy", (ntok,), np.uint16, 64,
                  window=(1025, 1024)),
@@ -235,10 +244,25 @@ def fastload_source(w: Workload, mm: np.ndarray):
     return fl.Dataset({"x": mm})
 
 
-def run_fastload(w: Workload, mm: np.ndarray, warmup: float, seconds: float, prefetch: int = 4) -> Measurement:
-    loader = fl.Loader(fastload_source(w, mm), batch_size=w.batch, shuffle=True, seed=0,
-                       drop_last=True, num_threads=CORES, prefetch=prefetch, device="cpu")
+# Arguments every fastload column shares; a column adds only its knobs (prefetch, or tune's choice).
+def loader_args(w: Workload, **knobs) -> dict:
+    return {"batch_size": w.batch, "shuffle": True, "seed": 0, "drop_last": True, "num_threads": CORES,
+            "device": "cpu", **knobs}
+
+
+# The arguments that define a workload: a tuning recommendation never changes them.
+WORKLOAD_ARGS = ("batch_size", "shuffle", "seed", "drop_last", "device")
+
+
+def run_fastload(w: Workload, mm: np.ndarray, warmup: float, seconds: float, counting: bool = True,
+                 **knobs) -> Measurement:
+    """fastload with `knobs` on top of loader_args (no knobs: default arguments). counting=False
+    switches off the iterator's per-batch stats counters through a private hook that exists only
+    to measure what they cost."""
+    loader = fl.Loader(fastload_source(w, mm), **loader_args(w, **knobs))
     try:
+        if not counting:
+            loader._engine._set_counting(False)
         it = iter(loader)
 
         def next_batch():
@@ -252,6 +276,19 @@ def run_fastload(w: Workload, mm: np.ndarray, warmup: float, seconds: float, pre
                 return next(it)
 
         return timed_batches(next_batch, w.batch, warmup, seconds)
+    finally:
+        loader.close()
+
+
+def default_prefetch(w: Workload, mm: np.ndarray) -> str:
+    """The prefetch a Loader with default arguments chose for this workload (prefetch=None: a
+    byte budget), read from the loader; "?" where this build does not expose it."""
+    try:
+        loader = fl.Loader(fastload_source(w, mm), **loader_args(w))
+    except Exception as e:  # noqa: BLE001 - the measurement itself will report the failure
+        return f"? ({type(e).__name__})"
+    try:
+        return str(getattr(loader, "_prefetch", "?"))
     finally:
         loader.close()
 
@@ -373,62 +410,149 @@ def run_ceiling(w: Workload, mm: np.ndarray, warmup: float, seconds: float,
     return measurement(meter.stop(), rows, rows // w.batch)
 
 
-def run_fastload_tuned(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -> Measurement:
-    """The README's tuning rule: batches under ~1 MB get a deeper window, so each wake-up of the
-    consumer takes prefetch/2 batches (a wake-up costs ~5-10 us here, a small batch ~20 us to
-    build); larger batches keep the default, as more of them in flight would outgrow the caches."""
-    small = w.row_bytes * w.batch < TUNED_BELOW_BYTES
-    return run_fastload(w, mm, warmup, seconds, prefetch=TUNED_PREFETCH if small else 4)
-
-
+# Without fl.tune, "tuned" is the README's rule for prefetch: a deeper window for batches under
+# ~1 MB (each wake-up of the consumer then takes prefetch/2 batches; a wake-up costs ~5-10 us
+# here, a small batch ~20 us to build); larger batches keep 4, as more in flight outgrow the caches.
 TUNED_PREFETCH = 16
 TUNED_BELOW_BYTES = 1 << 20
-ALTERNATIVES = (("ceiling", run_ceiling), ("fastload", run_fastload), ("fastload16", run_fastload_tuned),
-                ("numpy", run_numpy), ("dataloader", run_dataloader))
+
+
+@dataclass
+class Tuning:
+    """What the "tuned" column runs on one workload, and where it came from."""
+    knobs: dict
+    how: str                       # "fl.tune", or why the rule was used instead
+    seconds: float | None = None   # how long fl.tune took
+
+
+def rule_knobs(w: Workload) -> dict:
+    return {"prefetch": TUNED_PREFETCH if w.row_bytes * w.batch < TUNED_BELOW_BYTES else 4}
+
+
+def call_with_accepted(fn: Callable, *args, **kwargs):
+    """fn(*args, **kwargs), leaving out the keyword arguments fn does not take: fl.tune is being
+    written by someone else, so the workload is described to it only as far as it asks."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn(*args, **kwargs)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return fn(*args, **kwargs)
+
+
+def tune_workload(w: Workload, mm: np.ndarray, allowed: bool, max_wait: float, quick: bool = False) -> Tuning:
+    """fl.tune's recommendation for this workload, computed once before the rounds; the prefetch
+    rule where this build has no fl.tune, where it is not allowed (--quick: it measures a grid)
+    or where it fails."""
+    tune = getattr(fl, "tune", None)
+    if tune is None:
+        return Tuning(rule_knobs(w), "rule: no fl.tune in this build")
+    if not allowed:
+        return Tuning(rule_knobs(w), "rule: fl.tune not run (--quick or --no-tune)")
+    if max_wait > 0:
+        wait_for_quiet(max_wait)
+    start = time.perf_counter()
+    try:
+        short = {"seconds": 0.05, "repeats": 1} if quick else {}  # --quick --tune: exercise the path only
+        rec = call_with_accepted(tune, fastload_source(w, mm), batch_size=w.batch, shuffle=True,
+                                 drop_last=True, device="cpu", progress=False, **short)
+        took = time.perf_counter() - start
+        args = dict(rec.args if hasattr(rec, "args") else rec["args"])
+    except Exception as e:  # noqa: BLE001 - the column falls back to the rule and says why
+        traceback.print_exc()
+        return Tuning(rule_knobs(w), f"rule: fl.tune failed ({type(e).__name__}: {e})".splitlines()[0][:160],
+                      time.perf_counter() - start)
+    finally:
+        gc.collect()
+    base = loader_args(w)
+    overridden = {k: v for k, v in args.items() if k in WORKLOAD_ARGS and v != base[k]}
+    how = "fl.tune" + (f" (ignored, as they define the workload: {overridden})" if overridden else "")
+    return Tuning({k: v for k, v in args.items() if k not in WORKLOAD_ARGS}, how, took)
+
+
+def fmt_knobs(knobs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in knobs.items()) or "(defaults)"
+
+
+# Column keys, in the order of the first round (later rounds rotate it, so no alternative always
+# runs right after the same other one).
+COLUMNS = ("ceiling", "default", "prefetch4", "tuned", "numpy", "dataloader")
+FASTLOAD_COLUMNS = (("default", "default"), ("prefetch4", "prefetch 4"), ("tuned", "tuned"))
+
+
+def alternatives(tuning: Tuning) -> dict[str, Callable]:
+    return {
+        "ceiling": run_ceiling,
+        "default": run_fastload,                                       # prefetch=None: the byte budget
+        "prefetch4": functools.partial(run_fastload, prefetch=4),      # the previous default
+        "tuned": functools.partial(run_fastload, **tuning.knobs),
+        "numpy": run_numpy,
+        "dataloader": run_dataloader,
+    }
 
 
 @dataclass
 class Result:
-    """One alternative on one workload over all rounds; the table shows the best round."""
-    rounds: list[Measurement] = field(default_factory=list)
+    """One alternative on one workload: one entry per round, None where that round failed, so
+    that ratios pair measurements taken in the same round."""
+    rounds: list[Measurement | None] = field(default_factory=list)
     error: str | None = None
 
     @property
-    def best(self) -> Measurement | None:
-        return max(self.rounds, key=lambda m: m.samples_per_s) if self.rounds else None
+    def ok(self) -> list[Measurement]:
+        return [m for m in self.rounds if m is not None]
 
     def cell(self, row_bytes: int) -> str:
-        if not self.rounds:
+        if not self.ok:
             return f"error: {self.error}"
-        r = self.best.samples_per_s
-        busy = " *" if self.best.other_cores + self.best.steal_cores > CONTENDED else ""
-        return f"{fmt_rate(r)}/s, {r * row_bytes / 1e9:.2f} GB/s{busy}"
+        r = statistics.median(m.samples_per_s for m in self.ok)
+        return f"{fmt_rate(r)}/s, {r * row_bytes / 1e9:.2f} GB/s"
+
+    def cpu(self) -> float | None:
+        return statistics.median(m.cpu_ns_per_sample for m in self.ok) if self.ok else None
 
     def cpu_cell(self) -> str:
-        if not self.rounds:
-            return "n/a"
-        return f"{fmt_ns(statistics.median(m.cpu_ns_per_sample for m in self.rounds))}"
+        cpu = self.cpu()
+        return "n/a" if cpu is None else fmt_ns(cpu)
 
 
 def measure(fn, w: Workload, mm: np.ndarray, warmup: float, seconds: float, result: Result,
             max_wait: float) -> str:
     """Runs one round of one alternative into `result`, first waiting (up to max_wait seconds)
-    for the machine to be quiet; a failure becomes an error cell instead of ending the
-    benchmark. Returns the progress line."""
+    for the machine to be quiet; a failure becomes None for that round and an error cell instead
+    of ending the benchmark. Returns the progress line."""
     waited, _ = wait_for_quiet(max_wait) if max_wait > 0 else (0.0, True)
     try:
         m = fn(w, mm, warmup, seconds)
     except Exception as e:  # noqa: BLE001 - every failure is reported in the table
         traceback.print_exc()
         result.error = f"{type(e).__name__}: {e}".splitlines()[0][:120]
+        result.rounds.append(None)
         return f"error: {result.error}"
     finally:
         gc.collect()
     result.rounds.append(m)
+    busy = " *" if m.other_cores + m.steal_cores > CONTENDED else ""
     return (f"{fmt_rate(m.samples_per_s)}/s {m.samples_per_s * w.row_bytes / 1e9:6.2f} GB/s | "
             f"CPU {m.own_cores:.2f} cores, {fmt_ns(m.cpu_ns_per_sample)}/sample, "
             f"{m.faults_per_batch:.1f} faults/batch | others {m.other_cores:.2f} cores, steal {m.steal_cores:.2f}"
-            f" (waited {waited:.1f} s for quiet)")
+            f"{busy} (waited {waited:.1f} s for quiet)")
+
+
+def stats_cost(w: Workload, mm: np.ndarray, rounds: int, warmup: float, seconds: float,
+               max_wait: float) -> tuple[Result, Result]:
+    """fastload with default arguments, its per-batch stats counters on and off, in interleaved
+    rounds; which of the two goes first alternates, so a drift within a round cancels out."""
+    on, off = Result(), Result()
+    for rnd in range(rounds):
+        pair = [("counters on", on, True), ("counters off", off, False)]
+        if rnd % 2:
+            pair.reverse()
+        for label, res, counting in pair:
+            line = measure(functools.partial(run_fastload, counting=counting), w, mm, warmup, seconds, res, max_wait)
+            print(f"  stats round {rnd + 1} {label:12s} {line}", flush=True)
+    return on, off
 
 
 def first_batch_latency(source, repeats: int) -> tuple[list[float], list[float]]:
@@ -506,14 +630,52 @@ def machine_lines() -> list[str]:
     ]
 
 
-def ratio(a: Result, b: Result) -> float | None:
-    if not a.rounds or not b.rounds or not b.best.samples_per_s:
-        return None
-    return a.best.samples_per_s / b.best.samples_per_s
+@dataclass
+class Spread:
+    """A per-round figure over the rounds: the median, and the smallest and largest round."""
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def fmt(self, digits: int = 2, unit: str = "x") -> str:
+        return f"{self.median:.{digits}f}{unit} ({self.lo:.{digits}f}–{self.hi:.{digits}f})"
 
 
-def fmt_ratio(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}x"
+def spread(xs: list[float]) -> Spread | None:
+    return Spread(statistics.median(xs), min(xs), max(xs), len(xs)) if xs else None
+
+
+def round_ratios(a: Result, b: Result, key: Callable[[Measurement], float] = lambda m: m.samples_per_s) -> list[float]:
+    """a/b within each round where both were measured (never one round's a over another's b)."""
+    return [key(x) / key(y) for x, y in zip(a.rounds, b.rounds) if x is not None and y is not None and key(y)]
+
+
+def ratio(a: Result, b: Result) -> Spread | None:
+    return spread(round_ratios(a, b))
+
+
+def fmt_spread(s: Spread | None, digits: int = 2) -> str:
+    return "n/a" if s is None else s.fmt(digits)
+
+
+def contended_rounds(results: dict[str, Result]) -> int:
+    """Rounds in which some measurement had other processes using more than CONTENDED cores."""
+    n = max((len(r.rounds) for r in results.values()), default=0)
+    return sum(any(i < len(r.rounds) and r.rounds[i] is not None and
+                   r.rounds[i].other_cores + r.rounds[i].steal_cores > CONTENDED for r in results.values())
+               for i in range(n))
+
+
+def verdict(s: Spread | None, bar: float, below: bool = False) -> str:
+    if s is None:
+        return "n/a"
+    ok = s.median < bar if below else s.median >= bar
+    return "meets" if ok else "MISSES"
+
+
+def as_json(m: Measurement | None) -> dict | None:
+    return None if m is None else dict(m.__dict__)
 
 
 def main() -> None:
@@ -521,30 +683,44 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small files, short timings (< 1 minute): a smoke test")
     ap.add_argument("--seconds", type=float, default=None, help="timed seconds per measurement (default 3, quick 0.3)")
     ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds of every alternative, interleaved; the table shows each one's best (default 3, quick 1)")
+                    help="rounds of every alternative, interleaved; tables show medians of per-round figures "
+                         "(default 5, quick 1)")
+    ap.add_argument("--stats-rounds", type=int, default=None,
+                    help="rounds of the stats-cost measurement (counters on and off; default 2x rounds, at least 10; quick 1)")
     ap.add_argument("--max-wait", type=float, default=None,
                     help="seconds to wait before each measurement for other processes to go quiet "
                          "(default 30, quick 0)")
+    ap.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
+                    help="let the tuned column use fl.tune where it exists (default: yes, no with --quick)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every round's figures to this file")
     ap.add_argument("--data-dir", type=Path, default=HERE / "data", help="where the .npy files live (default bench/data)")
     args = ap.parse_args()
     seconds = args.seconds if args.seconds is not None else (0.3 if args.quick else 3.0)
-    rounds = max(1, args.rounds if args.rounds is not None else (1 if args.quick else 3))
+    rounds = max(1, args.rounds if args.rounds is not None else (1 if args.quick else 5))
+    stats_rounds = max(1, args.stats_rounds if args.stats_rounds is not None else
+                       (1 if args.quick else max(10, 2 * rounds)))
     max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.quick else 30.0)
+    use_tune = args.tune if args.tune is not None else not args.quick
     warmup = min(0.5, max(0.1, seconds / 3))
     args.data_dir.mkdir(parents=True, exist_ok=True)
+    # The loader's one-time stall hint is for training loops; here it would only interleave with
+    # the table (this benchmark measures the waiting itself).
+    logging.getLogger("fastload").setLevel(logging.ERROR)
 
     print("# fastload loader benchmark\n")
     print("\n".join(machine_lines()))
     print(f"- command: `{' '.join(['python', 'bench/bench_loader.py'] + sys.argv[1:])}`")
-    print(f"- timing: {seconds:g} s per measurement after {warmup:g} s warm-up, whole batches, {rounds} round(s) "
-          f"interleaved, best round shown; {CORES} threads/workers for fastload, the DataLoader and the ceiling; "
-          f"up to {max_wait:g} s wait for a quiet machine before each measurement\n",
+    print(f"- timing: {seconds:g} s per measurement after {warmup:g} s warm-up, whole batches; {rounds} round(s) "
+          f"interleaved (order rotated each round); tables show the median over rounds of each round's figure "
+          f"(ratios are taken within a round) with the min–max; {CORES} threads/workers for fastload, the "
+          f"DataLoader and the ceiling; up to {max_wait:g} s wait for a quiet machine before each measurement\n",
           flush=True)
 
     table = []
+    stats = None
     for w in workloads(args.quick):
         print(f"{w.name}: {w.num_samples()} samples of {w.row_bytes} B", flush=True)
-        results = {label: Result() for label, _ in ALTERNATIVES}
+        results = {key: Result() for key in COLUMNS}
         try:
             mm = ensure_file(args.data_dir / w.file, w.shape, w.dtype)
             page_in(mm)
@@ -552,56 +728,97 @@ def main() -> None:
             traceback.print_exc()
             for r in results.values():
                 r.error = f"data: {type(e).__name__}: {e}".splitlines()[0][:120]
-            table.append((w, results))
+            table.append((w, results, Tuning({}, "n/a"), "?"))
             continue
+        prefetch = default_prefetch(w, mm)
+        tuning = tune_workload(w, mm, use_tune, max_wait, args.quick)
+        took = f" in {tuning.seconds:.1f} s" if tuning.seconds is not None else ""
+        print(f"  default prefetch: {prefetch}; tuned: {fmt_knobs(tuning.knobs)} ({tuning.how}{took})", flush=True)
+        fns = alternatives(tuning)
         # Rounds interleave the alternatives, so a burst of load from elsewhere on the machine
-        # hits one round of each rather than every round of one.
+        # hits one round of each rather than every round of one; ratios pair the same round.
         for rnd in range(rounds):
-            for label, fn in ALTERNATIVES:
-                line = measure(fn, w, mm, warmup, seconds, results[label], max_wait)
-                print(f"  round {rnd + 1} {label:10s} {line}", flush=True)
-        table.append((w, results))
+            shift = rnd % len(COLUMNS)
+            for key in COLUMNS[shift:] + COLUMNS[:shift]:
+                line = measure(fns[key], w, mm, warmup, seconds, results[key], max_wait)
+                print(f"  round {rnd + 1} {key:10s} {line}", flush=True)
+        if w.stats_cost:
+            stats = (w, *stats_cost(w, mm, stats_rounds, warmup, seconds, max_wait))
+        table.append((w, results, tuning, prefetch))
         del mm
 
-    print("\n## Throughput (best round)\n")
-    print(f"| workload | fastload (prefetch 4, default) | fastload (tuned: prefetch {TUNED_PREFETCH} below 1 MB batches) | numpy 1 thread | "
-          "torch DataLoader | C++ ceiling | fastload/ceiling (default, tuned) | fastload/DataLoader (default, tuned) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for w, r in table:
-        cells = [r[k].cell(w.row_bytes) for k in ("fastload", "fastload16", "numpy", "dataloader", "ceiling")]
-        print(f"| {w.name} | " + " | ".join(cells) +
-              f" | {fmt_ratio(ratio(r['fastload'], r['ceiling']))}, {fmt_ratio(ratio(r['fastload16'], r['ceiling']))}"
-              f" | {fmt_ratio(ratio(r['fastload'], r['dataloader']))}, {fmt_ratio(ratio(r['fastload16'], r['dataloader']))} |")
+    print(f"\n## Throughput (median of {rounds} round(s))\n")
+    print("| workload | fastload, default arguments | fastload, prefetch 4 | fastload, tuned | numpy 1 thread | "
+          "torch DataLoader | C++ ceiling |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for w, r, _, _ in table:
+        print(f"| {w.name} | " + " | ".join(r[k].cell(w.row_bytes) for k in COLUMNS[1:] + COLUMNS[:1]) + " |")
 
-    print(f"\n\\* other processes used more than {CONTENDED:g} cores during that (best) measurement.")
+    print("\n## fastload / C++ ceiling (median of the per-round ratios, min–max)\n")
+    print("| workload | default arguments | prefetch 4 | tuned | contended rounds |")
+    print("| --- | --- | --- | --- | --- |")
+    for w, r, _, _ in table:
+        cells = [fmt_spread(ratio(r[k], r["ceiling"])) for k, _ in FASTLOAD_COLUMNS]
+        print(f"| {w.name} | " + " | ".join(cells) + f" | {contended_rounds(r)} of {rounds} |")
+    print(f"\nA round is contended when, during one of its measurements, other processes used more than "
+          f"{CONTENDED:g} cores.")
+
+    print("\n## fastload / torch DataLoader (median of the per-round ratios, min–max)\n")
+    print("| workload | default arguments | prefetch 4 | tuned |")
+    print("| --- | --- | --- | --- |")
+    for w, r, _, _ in table:
+        print(f"| {w.name} | " + " | ".join(fmt_spread(ratio(r[k], r["dataloader"]), 1) for k, _ in FASTLOAD_COLUMNS) + " |")
+
+    print("\n## What the columns ran\n")
+    print("| workload | default: prefetch chosen (16 MiB budget) | tuned: arguments | tuned: from | tune time |")
+    print("| --- | --- | --- | --- | --- |")
+    for w, _, t, p in table:
+        print(f"| {w.name} | {p} | {fmt_knobs(t.knobs)} | {t.how} | "
+              f"{'n/a' if t.seconds is None else f'{t.seconds:.1f} s'} |")
 
     # CPU time per sample depends far less than throughput on how much of the machine others
     # took, so it shows each loader's own cost even when the machine is shared.
     print("\n## CPU time per sample (median round; all threads and worker processes)\n")
-    print(f"| workload | fastload | fastload (tuned) | numpy 1 thread | torch DataLoader | "
-          "C++ ceiling | ceiling/fastload CPU | other processes' load (cores, mean) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for w, r in table:
-        others = [m.other_cores + m.steal_cores for res in r.values() for m in res.rounds]
+    print("| workload | fastload default | fastload prefetch 4 | fastload tuned | numpy 1 thread | torch DataLoader | "
+          "C++ ceiling | ceiling/fastload CPU (default) | other processes' load (cores, mean, max) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for w, r, _, _ in table:
+        others = [m.other_cores + m.steal_cores for res in r.values() for m in res.ok]
         load = f"{statistics.mean(others):.2f} (max {max(others):.2f})" if others else "n/a"
-        f, c = r["fastload"], r["ceiling"]
-        eff = "n/a"
-        if f.rounds and c.rounds:
-            cpu = statistics.median(m.cpu_ns_per_sample for m in c.rounds)
-            eff = f"{cpu / statistics.median(m.cpu_ns_per_sample for m in f.rounds):.2f}x"
-        print(f"| {w.name} | " + " | ".join(r[k].cpu_cell() for k in ("fastload", "fastload16", "numpy", "dataloader", "ceiling")) +
-              f" | {eff} | {load} |")
+        eff = spread(round_ratios(r["ceiling"], r["default"], key=lambda m: 1 / m.cpu_ns_per_sample))
+        print(f"| {w.name} | " + " | ".join(r[k].cpu_cell() for k in COLUMNS[1:] + COLUMNS[:1]) +
+              f" | {fmt_spread(eff)} | {load} |")
 
-    print(f"\n## Bar (>= {BAR_CEILING:g}x ceiling; >= 20x DataLoader, 10x on 150 KiB rows)\n")
-    for w, r in table:
+    cost = None
+    if stats is not None:
+        w, on, off = stats
+        # Cost = 1 - on/off per round: the throughput the counters take away.
+        cost = spread([1 - x for x in round_ratios(on, off)])
+        cpu = spread(round_ratios(on, off, key=lambda m: m.cpu_ns_per_sample))
+        print(f"\n## Cost of the stats counters ({w.name}, default arguments, {len(on.rounds)} round(s))\n")
+        print(f"- counters on: {on.cell(w.row_bytes)}; off: {off.cell(w.row_bytes)} (medians)")
+        if cost is not None:
+            print(f"- throughput cost (1 - on/off within a round): median {cost.median * 100:.1f}% "
+                  f"(rounds {cost.lo * 100:.1f}% to {cost.hi * 100:.1f}%); "
+                  f"{verdict(cost, BAR_STATS_COST, below=True)} the bar of < {BAR_STATS_COST * 100:g}%")
+        print(f"- CPU per sample, on/off within a round: {fmt_spread(cpu, 3)}; "
+              f"contended rounds: {contended_rounds({'on': on, 'off': off})} of {len(on.rounds)}")
+
+    print(f"\n## Bar (median of rounds: default arguments >= {BAR_CEILING:g}x ceiling; >= 20x DataLoader, "
+          f"10x on 150 KiB rows; stats < {BAR_STATS_COST * 100:g}%)\n")
+    for w, r, _, _ in table:
         verdicts = []
-        for mine, name in (("fastload", "default"), ("fastload16", "tuned")):
+        for key, name in FASTLOAD_COLUMNS:
             for what, other, bar in (("ceiling", "ceiling", BAR_CEILING),
                                      ("DataLoader", "dataloader", bar_dataloader(w.row_bytes))):
-                x = ratio(r[mine], r[other])
-                verdicts.append(f"{name} vs {what}: n/a" if x is None else
-                                f"{name} vs {what} {x:.2f}x {'meets' if x >= bar else 'MISSES'} {bar:g}x")
+                s = ratio(r[key], r[other])
+                verdicts.append(f"{name} vs {what}: n/a" if s is None else
+                                f"{name} vs {what} {s.median:.2f}x {verdict(s, bar)} {bar:g}x")
         print(f"- {w.name}: " + "; ".join(verdicts))
+    if stats is not None:
+        print(f"- stats counters: " + ("n/a" if cost is None else
+                                        f"{cost.median * 100:.1f}% {verdict(cost, BAR_STATS_COST, below=True)} "
+                                        f"< {BAR_STATS_COST * 100:g}%"))
 
     print("\n## First batch over 10^9 samples\n")
     print("shuffled Loader, batch 256, 9 epochs each; time from iter() to the first batch (median, and how "
@@ -616,6 +833,16 @@ def main() -> None:
         traceback.print_exc()
         print(f"- error: {type(e).__name__}: {e}")
     print(f"\nload average after the run: {open('/proc/loadavg').read().split()[:3]}")
+
+    if args.json is not None:
+        out = {"workloads": {w.name: {"default_prefetch": p, "tuned": {"knobs": t.knobs, "how": t.how, "seconds": t.seconds},
+                                      "rounds": {k: [as_json(m) for m in res.rounds] for k, res in r.items()}}
+                             for w, r, t, p in table}}
+        if stats is not None:
+            out["stats_cost"] = {"workload": stats[0].name, "on": [as_json(m) for m in stats[1].rounds],
+                                 "off": [as_json(m) for m in stats[2].rounds]}
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+        print(f"figures of every round written to {args.json}")
 
 
 if __name__ == "__main__":

@@ -396,3 +396,16 @@ def test_dataset_directory_with_a_ragged_column_on_the_device(driver, tmp_path):
             assert (row[length:] == -1).all()
         n += len(ids)
     assert n == 700
+
+
+def test_stats_count_the_copies_of_each_device(driver):
+    loader = gpu_loader(fl.Dataset({"x": np.zeros((1000, 64), np.float32)}), 50, streams=2)
+    its = loader.split(["cuda:0", "cuda:1"])
+    for a, b in zip(*its):
+        pass
+    s = loader.stats()
+    assert s.batches == 20 and s.samples == 1000
+    assert sorted(s.copy) == ["cuda:0#0", "cuda:1#1"]
+    assert all(c.count == 10 and c.busy_s > 0 for c in s.copy.values())
+    assert s.pinned_bytes > 0 and s.device_bytes > 0 and s.host_bytes == 0
+    assert "copy cuda:0#0" in str(s)

@@ -94,6 +94,7 @@ def test_the_state_is_exact_after_interrupts_mid_epoch():
 def test_iter_from_two_threads_runs_two_epochs_and_the_loser_is_told():
     loader = fl.Loader(fl.Dataset({"x": np.arange(2000)}), 20, shuffle=True, with_index=True, device="cpu")
     for trial in range(100):
+        before = loader.state_dict()["epoch"]
         barrier = threading.Barrier(2)
         results: dict[int, object] = {}
 
@@ -117,10 +118,11 @@ def test_iter_from_two_threads_runs_two_epochs_and_the_loser_is_told():
         for e in failed:
             assert "newer iter()" in str(e)
         state = loader.state_dict()
-        # Both iter() calls started an epoch of their own; the state follows the newest one,
-        # which was consumed completely.
+        # Each iter() started an epoch of its own, except one superseded before it handed out a
+        # batch (its epoch was not used up, so the newer iter() ran it); the state follows the
+        # newest one, which was consumed completely.
         assert state["position"] == 0
-        assert state["epoch"] == 2 * (trial + 1)
+        assert state["epoch"] - before in (1, 2)
         for ids in finished:
             assert np.array_equal(np.sort(ids), np.arange(2000))
 

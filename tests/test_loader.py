@@ -234,3 +234,74 @@ def test_abandoned_epochs_give_their_buffers_back(rng):
     assert stats["host_buffers"] <= prefetch + 2, stats
     assert stats["host_allocations"] <= prefetch + 3, stats
 
+
+
+def test_an_iter_nothing_was_taken_from_does_not_use_up_its_epoch():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(100)}), 10, shuffle=True, with_index=True, device="cpu")
+    iter(loader)  # Lightning's sanity iter(): no batch taken
+    iter(loader)
+    first = torch.cat([b["index"] for b in loader]).numpy()
+    assert np.array_equal(first, loader.plan(0))  # still epoch 0
+    peek = next(iter(loader))  # a peek takes a batch: epoch 1 is used up
+    assert np.array_equal(peek["index"].numpy(), loader.plan(1)[:10])
+    assert np.array_equal(torch.cat([b["index"] for b in loader]).numpy(), loader.plan(2))
+    assert loader.state_dict()["epoch"] == 3
+
+
+def test_an_unconsumed_resumed_epoch_keeps_its_position():
+    ds = fl.Dataset({"x": np.arange(100)})
+    loader = fl.Loader(ds, 10, shuffle=True, with_index=True, device="cpu")
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    resumed = fl.Loader(ds, 10, shuffle=True, with_index=True, device="cpu")
+    resumed.load_state_dict(state)
+    iter(resumed)  # nothing taken
+    rest = torch.cat([b["index"] for b in resumed]).numpy()
+    assert np.array_equal(rest, loader.plan(0)[30:])
+
+
+def test_default_prefetch_follows_a_byte_budget():
+    small = fl.Loader(fl.Dataset({"x": np.zeros((10_000, 16), np.float32)}), 256, device="cpu")
+    large = fl.Loader(fl.Dataset({"x": np.zeros((1000, 40_000), np.float32)}), 64, device="cpu")
+    assert small.stats().prefetch == 32  # 16 KiB batches: the window's upper end
+    assert large.stats().prefetch == 4  # 10 MB batches: the lower end
+    assert fl.Loader(fl.Dataset({"x": np.zeros(10)}), 2, prefetch=7, device="cpu").stats().prefetch == 7
+
+
+def test_numpy_bfloat16_from_ml_dtypes_arrives_as_torch_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    loader = fl.Loader(fl.Dataset({"x": x.astype(ml_dtypes.bfloat16)}), 8, with_index=True, device="cpu")
+    for b in loader:
+        assert b["x"].dtype == torch.bfloat16
+        np.testing.assert_array_equal(b["x"].float().numpy(), x[b["index"].numpy()])
+
+
+@pytest.mark.parametrize("env, share", [
+    ({"LOCAL_WORLD_SIZE": "4"}, 4),
+    ({"SLURM_NTASKS_PER_NODE": "2(x3)"}, 2),
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "8", "NUM_NODES": "2"}, 4),  # Lightning
+    ({"LOCAL_RANK": "3", "WORLD_SIZE": "4"}, 4),  # Accelerate on one node without GPUs
+    ({}, 1),
+])
+def test_the_thread_share_follows_what_the_launcher_tells(monkeypatch, env, share):
+    from fastload import _environment
+    for k in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "LOCAL_RANK", "WORLD_SIZE", "NUM_NODES",
+              "SLURM_NNODES", "NNODES"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert _environment.local_world_size() == share
+    assert _environment.default_num_threads() == max(1, _environment.usable_cpus() // share)
+
+
+def test_len_after_split_is_what_each_device_iterator_yields():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(1000)}), 10, device="cpu")
+    assert len(loader) == 100
+    its = loader.split(["cpu", "cpu", "cpu"])
+    assert len(loader) == len(its[0]) == 34  # 1000 samples over 3 devices of 10: 34 steps, the last partial
+    assert [sum(1 for _ in it) for it in its] == [len(loader)] * 3
+    list(loader)
+    assert len(loader) == 100

@@ -17,7 +17,8 @@ SMALL = ["--samples", "3000", "--features", "16", "--batch-size", "64", "--hidde
 TINY = [*SMALL, "--steps", "30", "--log-every", "10"]
 SUMMARY = [r"fastload summary: 30 steps, 1,920 samples", r"throughput +[\d,]+ samples/s",
            r"data wait +[\d.]+% of step time", r"loss +[\d.]+ -> [\d.]+", r"dataset +3,000 x 16 float16",
-           r"settings +threads=\d+ (\(auto\) )?prefetch=4 streams=n/a batch-size=64 device=\S+"]
+           r"settings +threads=\d+ (\(auto\) )?prefetch=\d+ \(auto\) streams=n/a batch-size=64 device=\S+",
+           r"\(n/a: on the CPU there are no copy streams, and nothing to synchronise"]
 
 
 def run_main(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -40,7 +41,7 @@ def test_main_runs_and_prints_the_summary(tmp_path: Path) -> None:
     again = run_main(*TINY, "--data-dir", str(data), "--threads", "1", "--prefetch", "2")
     assert again.returncode == 0, again.stderr
     assert "reusing" in again.stderr
-    assert re.search(r"threads=1 prefetch=2 ", again.stdout), again.stdout
+    assert re.search(r"threads=1 prefetch=2 streams", again.stdout), again.stdout
     assert sorted(p.name for p in data.iterdir()) == ["demo_features.npy", "demo_labels.npy", "demo_meta.json"]
 
 
@@ -48,8 +49,24 @@ def test_help_documents_the_options() -> None:
     helped = run_main("--help")
     assert helped.returncode == 0
     for option in ("--samples", "--features", "--data-dir", "--steps", "--threads", "--prefetch",
-                   "--batch-size", "--device", "--sync", "--no-progress", "--log-every"):
+                   "--batch-size", "--device", "--sync", "--compare", "--no-progress", "--log-every"):
         assert option in helped.stdout
+    words = " ".join(helped.stdout.split())  # help text is wrapped to the terminal's width
+    assert "nothing to synchronise" in words and "python -m fastload tune" in words
+    tune = run_main("tune", "--help")
+    assert tune.returncode == 0 and "--batch-size" in tune.stdout and "--plot" in tune.stdout
+
+
+def test_compare_runs_the_same_loop_on_torch_dataloader(tmp_path: Path) -> None:
+    done = run_main(*TINY, "--threads", "1", "--compare", "--data-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "torch.utils.data.DataLoader (1 workers" in done.stderr
+    assert done.stderr.count("step 30/30") == 2  # both runs, the same number of steps
+    line = re.search(r"compared +fastload ([\d,]+) samples/s, data wait [\d.]+% \| torch DataLoader \(1 workers\) "
+                     r"([\d,]+) samples/s, data wait [\d.]+% \| fastload/DataLoader ([\d.]+)x", done.stdout)
+    assert line, done.stdout
+    ours, theirs, ratio = (float(g.replace(",", "")) for g in line.groups())
+    assert ours > 0 and theirs > 0 and abs(ratio - ours / theirs) < 0.01 * ratio + 0.01
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="needs POSIX signals")

@@ -4,15 +4,19 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
+#include "bindings/exit_parking.h"
+#include "bindings/run_stats.h"
 #include "bindings/without_gil.h"
 #include "core/engine.h"
 #include "cuda/driver.h"
@@ -48,6 +52,7 @@ struct Run {
   int64_t epoch = 0;
   std::vector<int64_t> handed;  // batches each output handed to the user; changed with the GIL held
   bool superseded = false;      // a newer iter()/split(), load_state_dict() or close() ended it
+  RunStats stats;               // all outputs together
 };
 
 // A wait ended because the epoch was cancelled.
@@ -162,6 +167,7 @@ class PyEngine {
     // Joining threads must not hold the GIL; the arrays (keepalive_) die after, with the GIL.
     if (!engine_) return;
     without_gil([&] {
+      engine_->cancel_current();
       stop_transfers();
       transfers_.clear();
       engine_.reset();
@@ -193,7 +199,10 @@ class PyEngine {
 
   void start_locked(Run& run, std::vector<OutputSpec> outputs, int64_t fail_at_step, const std::vector<int>& devices) {
     engine_->check_not_forked();
-    stop_transfers();  // before the pipeline they feed from is cancelled and replaced
+    // The old epoch first: its transfer threads then see Cancelled at once instead of at their
+    // next timeout, and stop before the pipeline they feed from is replaced.
+    engine_->cancel_current();
+    stop_transfers();
     run.transfers.resize(devices.size());
     std::shared_ptr<HostAllocator> host_memory;
     int64_t extra = 0;
@@ -217,12 +226,14 @@ class PyEngine {
   // valid), or None after the last batch; throws Cancelled. For a GPU output, `stream` is the
   // consumer's stream (torch.cuda.current_stream().cuda_stream), made to wait on the batch's
   // copy; with raw=True the parts come back as RawDevicePart (tests with the stand-in driver).
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw) {
+  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows) {
     engine_->check_not_forked();
     const auto& transfer = run.transfers.at(static_cast<size_t>(output));
-    if (transfer) return next_device(run, *transfer, output, reinterpret_cast<cuda::api::CUstream>(stream), raw);
+    if (transfer)
+      return next_device(run, *transfer, output, reinterpret_cast<cuda::api::CUstream>(stream), raw, rows);
     Batch batch;
     if (!wait(run, [&] { return run.pipeline->next(output, kSignalCheckInterval, &batch); })) return py::none();
+    *rows = batch.rows;
     py::list parts;
     for (size_t p = 0; p < part_meta_.size(); ++p) {
       batch.parts[p]->hand_to_user();
@@ -261,6 +272,78 @@ class PyEngine {
   }
 
   void set_misuse(const std::string& m) { misuse_ = parse_misuse(m); }
+  // The per-batch counters of the iterator (for the benchmark that measures what they cost).
+  void set_counting(bool on) { counting_ = on; }
+  bool counting() const { return counting_; }
+
+  // Batches built (and, for a GPU, copied) and waiting for `output`'s consumer.
+  int64_t ready(const Run& run, int output) const {
+    const auto& transfer = run.transfers[static_cast<size_t>(output)];
+    return transfer ? transfer->ready_count() : run.pipeline->ready_count(output);
+  }
+
+  int64_t batch_bytes(int64_t rows) const {
+    int64_t row = 0;
+    for (size_t b : layout_->part_row_bytes) row += static_cast<int64_t>(b);
+    return row * rows;
+  }
+
+  // One epoch's counters (see fastload.LoaderStats for what each means).
+  py::dict stats(const Run& run) const {
+    py::dict d;
+    const RunStats& r = run.stats;
+    d["epoch"] = run.epoch;
+    d["batches"] = r.batches;
+    d["samples"] = r.samples;
+    d["bytes"] = r.bytes;
+    d["wait_s"] = static_cast<double>(r.wait_ns) * 1e-9;
+    d["wall_s"] = std::chrono::duration<double>(RunStats::Clock::now() - r.started).count();
+    d["ready_mean"] = r.batches ? static_cast<double>(r.ready_sum) / static_cast<double>(r.batches) : 0.0;
+    d["collation"] = stage(run.pipeline->collation_times());
+    py::dict copies;
+    for (size_t o = 0; o < run.transfers.size(); ++o)
+      if (run.transfers[o]) copies[py::str("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o))] =
+          stage(run.transfers[o]->copy_times());
+    d["copy"] = copies;
+    d["num_threads"] = engine_->num_threads();
+    d["prefetch"] = prefetch_;
+    d["streams"] = streams_;
+    return d;
+  }
+
+  // After a hand-out: if the loop waited for more than RunStats::kStallShare of the last
+  // RunStats::kWindow batches, a one-time hint naming the knob the counters point to. It is
+  // logged at the start of the next next(), before a batch is taken (logging runs Python).
+  void check_stall(const Run& run, double share) {
+    if (stall_warned_ || share <= RunStats::kStallShare) return;
+    stall_warned_ = true;
+    // Which stage is busy most of the time since the epoch began points to the knob.
+    const double wall = std::chrono::duration<double, std::nano>(RunStats::Clock::now() - run.stats.started).count();
+    const double collating = static_cast<double>(run.pipeline->collation_times().total_ns()) /
+                             (wall * std::max(1, engine_->num_threads()));
+    double copying = 0;
+    for (const auto& t : run.transfers)
+      if (t) copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
+    std::string knob;
+    if (collating > 0.7)
+      knob = "collation is the bottleneck (" + std::to_string(engine_->num_threads()) +
+             " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
+    else if (copying > 0.7)
+      knob = "the host-to-device copy is the bottleneck: raise streams (now " + std::to_string(streams_) +
+             "), or store fewer bytes per sample";
+    else
+      knob = "batches arrive irregularly: raise prefetch (now " + std::to_string(prefetch_) + ")";
+    pending_warning_ = "fastload: the training loop waited for data " + std::to_string(static_cast<int>(share * 100)) +
+                       "% of the time over the last " + std::to_string(RunStats::kWindow) + " batches; " + knob +
+                       ". See loader.stats().";
+  }
+
+  void flush_warning() {
+    if (pending_warning_.empty()) return;
+    std::string message;
+    message.swap(pending_warning_);
+    py::module_::import("logging").attr("getLogger")("fastload").attr("warning")(message);
+  }
 
  private:
   // Waits in slices with the GIL released, checking for Ctrl-C in between. False at the end.
@@ -276,10 +359,11 @@ class PyEngine {
   }
 
   py::object next_device(const Run& run, cuda::TransferEngine& transfer, int output, cuda::api::CUstream stream,
-                         bool raw) {
+                         bool raw, int64_t* rows) {
     cuda::DeviceBatch batch;
     if (!wait(run, [&] { return transfer.next(run.pipeline.get(), stream, kSignalCheckInterval, &batch); }))
       return py::none();
+    *rows = batch.rows;
     py::list parts;
     for (size_t p = 0; p < part_meta_.size(); ++p) {
       auto user = std::make_shared<UserDevicePart>(std::move(batch.parts[p]), stream);
@@ -298,6 +382,15 @@ class PyEngine {
     return std::move(parts);
   }
 
+  static py::dict stage(const StageTimes& t) {
+    py::dict d;
+    d["count"] = t.count();
+    d["busy_s"] = static_cast<double>(t.total_ns()) * 1e-9;
+    d["p50_s"] = static_cast<double>(t.quantile_ns(0.5)) * 1e-9;
+    d["p99_s"] = static_cast<double>(t.quantile_ns(0.99)) * 1e-9;
+    return d;
+  }
+
   void stop_transfers() {
     for (auto& t : transfers_)
       if (t) t->stop();
@@ -308,6 +401,9 @@ class PyEngine {
   const int64_t prefetch_;
   const int streams_;
   cuda::Misuse misuse_ = cuda::Misuse::None;
+  bool stall_warned_ = false;  // the hint is given once per loader
+  bool counting_ = true;
+  std::string pending_warning_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const BatchLayout> layout_;
   std::shared_ptr<HostAllocator> pinned_;  // made on the first GPU epoch
@@ -339,13 +435,20 @@ class Iterator {
   }
 
   py::object next() {
+    if (exit_parking::note_next()) park();
     PyEngine& engine = engine_.cast<PyEngine&>();
+    engine.flush_warning();  // Python code may run (and be interrupted) only before the take
     uintptr_t stream = 0;
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
+    const bool counting = engine.counting();
+    const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
+    const int64_t ready = counting ? engine.ready(*run_, output_) : 0;
     py::object parts;
+    int64_t rows = 0;
     try {
-      parts = engine.take(*run_, output_, stream, raw_);
+      parts = engine.take(*run_, output_, stream, raw_, &rows);
     } catch (const Cancelled&) {
+      if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
     } catch (const std::runtime_error& e) {
       if (!run_->superseded) throw;
@@ -357,7 +460,17 @@ class Iterator {
     for (size_t i = 0; i < names_.size(); ++i)
       batch[names_[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
     ++run_->handed[static_cast<size_t>(output_)];
+    if (counting) {
+      const double share = run_->stats.record(rows, engine.batch_bytes(rows), StageTimes::since(t0), ready);
+      if (share >= 0) engine.check_stall(*run_, share);
+    }
     return std::move(batch);
+  }
+
+  [[noreturn]] static void park() {  // public: iter() parks a thread the same way
+    ++exit_parking::state().parked;
+    PyEval_SaveThread();  // for good: this thread never takes the GIL again
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
 
   int64_t remaining() const {
@@ -433,14 +546,23 @@ void bind_loader(py::module_& m) {
            py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"),
            py::arg("start_position"), py::arg("fail_at_step"), py::arg("devices"))
-      .def("take", &PyEngine::take, py::arg("epoch"), py::arg("output"), py::arg("stream") = 0,
-           py::arg("raw") = false)
       .def("close", &PyEngine::close)
       .def("memory", &PyEngine::memory)
-      .def("_set_misuse", &PyEngine::set_misuse);
+      .def("stats", &PyEngine::stats, py::arg("epoch"))
+      .def("_set_misuse", &PyEngine::set_misuse)
+      .def("_set_counting", &PyEngine::set_counting);
 
   // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
   // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).
+  // At interpreter exit (fastload._lifecycle): park threads iterating from now on, and say how
+  // many recently iterating threads have not parked yet.
+  m.def("_start_exit_parking", [] { exit_parking::state().parking = true; });
+  m.def("_unparked_iterators", [] { return exit_parking::unparked(); });
+  // iter()/split() call this first: a daemon thread starting an epoch at exit parks too.
+  m.def("_park_if_exiting", [] {
+    if (exit_parking::note_next()) Iterator::park();
+  });
+
   m.def("cuda_device_count", [] { return without_gil([] { return cuda::device_count(); }); });
 }
 

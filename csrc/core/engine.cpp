@@ -86,6 +86,12 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   return pipeline;
 }
 
+void Engine::cancel_current() {
+  if (fork_generation() != fork_generation_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (current_) current_->cancel();
+}
+
 void Engine::close() {
   if (fork_generation() != fork_generation_) return;  // the destructor leaks in a child
   std::lock_guard<std::mutex> lock(mutex_);

@@ -38,6 +38,9 @@ class Engine {
   // Convenience for outputs that are all Python consumers.
   std::shared_ptr<Pipeline> start(std::vector<EpochPlan> plans, int64_t fail_at_step = -1);
   void close();  // cancels and joins the threads; idempotent
+  // Cancels the running epoch without waiting for its threads (its consumers see Cancelled at
+  // once); the next start() or close() joins them.
+  void cancel_current();
   bool closed() const;
   // Throws std::runtime_error if this engine's threads belong to the parent of a fork.
   void check_not_forked() const;

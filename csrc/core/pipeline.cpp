@@ -113,6 +113,23 @@ int64_t Pipeline::taken(int output) const {
   return outputs_[output]->taken;
 }
 
+int64_t Pipeline::ready_count(int output) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Output& o = *outputs_[output];
+  int64_t n = 0;
+  while (o.taken + n < o.next_claim) {
+    const Slot& s = o.slots[static_cast<size_t>((o.taken + n) % prefetch_)];
+    if (!s.ready || s.step != o.taken + n) break;
+    ++n;
+  }
+  return n;
+}
+
+StageTimes Pipeline::collation_times() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return collation_;
+}
+
 bool Pipeline::claim(int* output, int64_t* step) {
   // The output furthest behind goes first, so outputs consumed from separate threads progress
   // together and one stalled output never blocks the others.
@@ -190,13 +207,16 @@ void Pipeline::work() {
     lock.unlock();
     Batch batch;
     std::exception_ptr failure;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       build(output, step, ids_scratch, &batch);
     } catch (...) {
       failure = std::current_exception();
     }
+    const int64_t took = StageTimes::since(t0);
     if (failure) batch = Batch();  // buffers back to their pools, outside mutex_
     lock.lock();
+    collation_.record(took);
     Output& o = *outputs_[output];
     if (failure) {
       fail_locked("fastload collation thread failed on batch " + std::to_string(step) +

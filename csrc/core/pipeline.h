@@ -15,6 +15,7 @@
 #include "core/buffer_pool.h"
 #include "core/gather.h"
 #include "core/sampler.h"
+#include "core/stage_times.h"
 
 namespace fastload {
 
@@ -92,6 +93,10 @@ class Pipeline {
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const EpochPlan& plan(int output) const { return outputs_[output]->plan; }
   int64_t taken(int output) const;
+  // Batches of `output` built and waiting, in order, for the consumer.
+  int64_t ready_count(int output) const;
+  // How long building each batch took (ids and gather, one thread).
+  StageTimes collation_times() const;
 
  private:
   struct Slot {
@@ -127,6 +132,7 @@ class Pipeline {
   std::vector<std::unique_ptr<Output>> outputs_;  // condition variables do not move
   bool cancelled_ = false;
   std::exception_ptr error_;  // the first worker failure, as a CollationError
+  StageTimes collation_;
 };
 
 }  // namespace fastload

@@ -3,16 +3,20 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/permutation.h"
+#include "core/shard_order.h"
 
 namespace fastload {
 
 enum class Order { Random, Block };
 enum class Even { Pad, Drop, Mask };
+enum class Partition { Samples, Shards };
 
 Order parse_order(const std::string& s);
 Even parse_even(const std::string& s);
+Partition parse_partition(const std::string& s);
 
 struct SamplerConfig {
   int64_t num_samples = 0;
@@ -24,16 +28,26 @@ struct SamplerConfig {
   Order order = Order::Random;
   Even even = Even::Pad;
   bool drop_last = false;
-  int64_t block_size = 4096;  // samples per block for Order::Block
+  int64_t block_size = 4096;  // samples per block for Order::Block (no shards); min window rows
+  // Samples per shard, in id order (empty: no shard structure). With shards, Order::Block
+  // shuffles the shards, then the samples within windows of window_shards consecutive shards.
+  std::vector<int64_t> shard_rows;
+  int64_t window_shards = 4;
+  Partition partition = Partition::Samples;
   void validate() const;      // throws std::invalid_argument naming the field and value
 };
 
-// The epoch's order of samples: position p in [0, n) -> sample id. Shuffle off is the identity.
+// The epoch's order of samples: position p in [0, size()) -> sample id. Shuffle off is the
+// identity. With Partition::Samples it orders the whole source (size() = num_samples); with
+// Partition::Shards it orders this rank's own shards (size() = their rows).
 class Ordering {
  public:
   Ordering(const SamplerConfig& cfg, int64_t epoch);
+  int64_t size() const { return n_; }
   int64_t operator()(int64_t position) const;
-  void fill(int64_t first, int64_t count, int64_t* out) const;  // positions in [0, n)
+  void fill(int64_t first, int64_t count, int64_t* out) const;  // positions in [0, size())
+  // Partition::Shards: the rows of every rank's shards this epoch (empty otherwise).
+  const std::vector<int64_t>& rank_rows() const { return rank_rows_; }
 
  private:
   struct BlockSlot { int64_t block, offset; };
@@ -46,6 +60,9 @@ class Ordering {
   uint64_t seed_, epoch_;
   Permutation perm_;  // whole range (Random) or the blocks (Block)
   int64_t block_size_ = 0, num_blocks_ = 0, last_block_size_ = 0, short_slot_ = 0;
+  bool by_segments_ = false;  // shard-aware: segments_ decides (Block over shards, or Shards)
+  SegmentOrder segments_;
+  std::vector<int64_t> rank_rows_;
 };
 
 // A contiguous run of epoch positions: one batch of one rank (or device).
@@ -58,6 +75,10 @@ struct BatchSpan {
 // stopped). Step s covers positions [start + s*G, start + (s+1)*G) with G = batch_size*world_size;
 // rank r takes the r-th slice of batch_size. The epoch's length is made a multiple of world_size
 // (pad/mask wrap around, drop cuts); a final shorter step is split into equal contiguous shares.
+// Partition::Shards: every rank's own sequence is made L long (pad/mask: the largest rank's rows,
+// wrapping around its own order; drop: the smallest's), and the global sequence is W*L long:
+// position start + q, inside rank r's slice, is the rank's local position start/W + (the number
+// of the rank's positions before it in the steps from start). start must be a multiple of W.
 class EpochPlan {
  public:
   EpochPlan(const SamplerConfig& cfg, int64_t epoch, int64_t start_position);
@@ -80,6 +101,7 @@ class EpochPlan {
   int64_t epoch_, start_, end_;
   int64_t global_batch_, full_steps_, tail_share_, num_batches_;
   Ordering ordering_;
+  int64_t local_length_ = 0;  // Partition::Shards: L
 };
 
 }  // namespace fastload

@@ -55,6 +55,7 @@ void TransferEngine::start(std::shared_ptr<Pipeline> pipeline, int output) {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = cancelled_ = stopping_ = false;
     error_ = nullptr;
+    copy_ = StageTimes();  // per epoch, like the collation times
     pipeline_ = pipeline;
     output_ = output;
   }
@@ -145,6 +146,7 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
 
 void TransferEngine::issue(Batch batch, int64_t index) {
   const Stream& stream = streams_[static_cast<size_t>(index) % streams_.size()];
+  const auto issued = std::chrono::steady_clock::now();
   const api::Functions& f = driver();
   DeviceBatch d;
   d.rows = batch.rows;
@@ -170,7 +172,7 @@ void TransferEngine::issue(Batch batch, int64_t index) {
   if (misuse_ == Misuse::EarlyHostRelease)
     batch = Batch();  // the deliberate bug: slots back to collation while their copy may not have run
   else
-    in_flight_.push_back({std::move(batch), d.copy_done});
+    in_flight_.push_back({std::move(batch), d.copy_done, issued});
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ready_.push_back(std::move(d));
@@ -189,7 +191,10 @@ void TransferEngine::retire(bool block_for_oldest) {
     } else if (!oldest.copied->done()) {
       return;
     }
+    const int64_t took = StageTimes::since(oldest.issued);
     in_flight_.pop_front();  // the pinned parts return to their pools
+    std::lock_guard<std::mutex> lock(mutex_);
+    copy_.record(took);
   }
 }
 
@@ -224,6 +229,16 @@ NextStatus TransferEngine::next(const Pipeline* epoch, api::CUstream consumer_st
   out->copy_done.reset();
   if (pipeline) pipeline->retire(output);  // the batch left the loader's hands: a window place is free
   return NextStatus::Ok;
+}
+
+int64_t TransferEngine::ready_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(ready_.size());
+}
+
+StageTimes TransferEngine::copy_times() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return copy_;
 }
 
 TransferCounts TransferEngine::counts() const {

@@ -72,11 +72,16 @@ class TransferEngine {
   NextStatus next(const Pipeline* epoch, api::CUstream consumer_stream, std::chrono::milliseconds timeout,
                   DeviceBatch* out);
   TransferCounts counts() const;
+  int64_t ready_count() const;
+  // Per batch, from issuing its copies to the transfer thread seeing them complete (an upper
+  // bound on the copy time: completion is looked at every millisecond or so).
+  StageTimes copy_times() const;
 
  private:
   struct InFlight {
     Batch host;  // pinned parts, released when `copied` completes
     std::shared_ptr<Event> copied;
+    std::chrono::steady_clock::time_point issued;
   };
   void run(std::shared_ptr<Pipeline> pipeline, int output);
   void issue(Batch batch, int64_t index);
@@ -102,6 +107,7 @@ class TransferEngine {
   bool finished_ = false, cancelled_ = false, stopping_ = false;
   std::exception_ptr error_;
   int64_t batches_ = 0, bytes_ = 0;
+  StageTimes copy_;
   std::thread thread_;
 };
 

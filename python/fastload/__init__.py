@@ -4,8 +4,11 @@ from ._disk import DatasetError, DiskDataset
 from ._loader import Loader, LoaderIterator
 from ._ragged import Ragged
 from ._state import STATE_VERSION
+from ._stats import LoaderStats, StageStats
+from ._tune import TunePoint, TuneResult, tune
 from ._writer import DatasetWriter, write_dataset
 
 __version__ = "0.1.0"
 __all__ = ["Dataset", "Windows", "Ragged", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
-           "Loader", "LoaderIterator", "STATE_VERSION", "__version__"]
+           "Loader", "LoaderIterator", "LoaderStats", "StageStats", "STATE_VERSION",
+           "tune", "TuneResult", "TunePoint", "__version__"]

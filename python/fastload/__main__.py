@@ -1,5 +1,15 @@
-"""``python -m fastload``: a self-contained demo and smoke test. See ``python -m fastload --help``."""
-from fastload._demo import main
+"""``python -m fastload``: the demo job (see ``python -m fastload --help``), and
+``python -m fastload tune``: measure and pick loader settings on your data (``tune --help``)."""
+import sys
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["tune"]:
+        from fastload._tune import main as tune_main
+        return tune_main(argv[1:])
+    from fastload._demo import main
+    return main(argv)
+
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,23 +1,42 @@
 """The sources a Loader reads: Dataset (named columns, one row per sample) and Windows (windows
-along the first axis of one array or of several)."""
+along the first axis of one array or of several). A source holds the user's arrays, never
+addresses: the core's description of a column (shard tables and ragged offsets included) is made
+from the live arrays when a Loader is built."""
 from __future__ import annotations
 
-import operator
+import copy
 import os
 from typing import Any, Mapping, Sequence
 
-from ._columns import RESERVED_NAMES, ColumnSpec, dtype_name
-from ._shards import common_shard_rows, describe_column, output_names
+from ._arguments import _as_int
+from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, check_column_state, column_state, dtype_name,
+                       reduce_column, restore_column)
+from ._shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
+                      reduce_value, restore_value, stored_column)
 from ._windows import describe_windows, map_token_files
 
+__all__ = ["Dataset", "Windows", "_as_int"]
 
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+def _declare_shards(source: Any, rows: Any) -> Any:
+    """Declares shard boundaries on a source of one in-memory array per column (tests, benchmarks):
+    `rows` samples per shard, in order, adding up to len(source). Returns the source. A source
+    made of several arrays (or files) has its real shards, which cannot be redeclared."""
+    rows = [_as_int("shard_rows", r) for r in rows]
+    if any(r < 0 for r in rows) or sum(rows) != len(source):
+        raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
+    if getattr(source, "_real_shards", False):
+        raise ValueError("the source already has shard boundaries (its columns are lists of arrays or files); "
+                         "_declare_shards is for sources of one array per column")
+    source._shard_rows = rows
+    return source
+
+
+def _redeclare(source: Any, shard_rows: list[int] | None) -> Any:
+    """After a copy or unpickle: shard boundaries that were declared come back with the source."""
+    if shard_rows is not None and source.shard_rows is None:
+        _declare_shards(source, shard_rows)
+    return source
 
 
 class Dataset:
@@ -27,6 +46,10 @@ class Dataset:
     any bool or numeric dtype and any fixed row shape; a list of such arrays (shards of one
     column, read in place); or a ragged column, fastload.Ragged or (values, offsets).
     Dataset.open(path) opens a dataset directory (see fastload.write_dataset).
+
+    Pickling (and copy.deepcopy) carries a memmap-backed array as its file name and place in the
+    file, re-mapped on arrival, and any other array by value; an opened dataset directory
+    travels as its path and is opened again.
     """
 
     def __init__(self, columns: Mapping[str, Any]):
@@ -34,13 +57,15 @@ class Dataset:
             raise TypeError(f"columns must be a mapping of name -> array, got {type(columns).__name__}")
         if not columns:
             raise ValueError("columns must name at least one column, got an empty mapping")
+        stored: dict[str, Any] = {}
         specs = []
-        for name, array in columns.items():
+        for name, value in columns.items():
             if not isinstance(name, str):
                 raise TypeError(f"column names must be strings, got {name!r}")
             if name in RESERVED_NAMES:
                 raise ValueError(f"column name {name!r} is reserved by the loader (reserved: {', '.join(RESERVED_NAMES)})")
-            specs.append(describe_column(name, array))
+            stored[name] = stored_column(value)
+            specs.append(describe_column(name, stored[name]))
         lengths = {s.name: s.rows for s in specs}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"columns must have equal leading length, got {lengths}")
@@ -49,8 +74,12 @@ class Dataset:
         names = output_names(specs)
         if len(set(names)) != len(names):
             raise ValueError(f"a column name clashes with a ragged column's <name>_lengths: {names}")
+        self._columns: dict[str, Any] = stored
+        self._rows = specs[0].rows
+        self._names = names
         self._shard_rows = common_shard_rows(specs)
-        self._specs: list[ColumnSpec] = specs
+        self._real_shards = self._shard_rows is not None
+        self._summary = [(s.name, dtype_name(s), s.row_shape) for s in specs]
 
     @classmethod
     def open(cls, path: str | os.PathLike, verify: bool = False, *, pad: Any = 0,
@@ -64,23 +93,60 @@ class Dataset:
 
     @property
     def shard_rows(self) -> list[int] | None:
-        """Samples per shard in order when the columns are lists of arrays (or files); None for
-        in-memory arrays."""
-        return None if self._shard_rows is None else list(self._shard_rows)
+        """Samples per shard, in order, when the columns are lists of arrays (or files); None for
+        one in-memory array per column (no shard structure)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __len__(self) -> int:
-        return self._specs[0].rows
+        return self._rows
 
     @property
     def names(self) -> list[str]:
-        return output_names(self._specs)
+        return list(self._names)
 
     def column_specs(self) -> list[ColumnSpec]:
-        return list(self._specs)
+        """The core's description of every column, made now from the live arrays."""
+        specs = [describe_column(name, value) for name, value in self._columns.items()]
+        for s in specs:
+            if s.rows != self._rows:
+                raise ValueError(f"column {s.name!r} now has {s.rows} rows, but the Dataset was built with "
+                                 f"{self._rows}: sources must not be resized while fastload uses them")
+        if self._real_shards and common_shard_rows(specs) != self._shard_rows:
+            raise ValueError(f"the columns' shards now hold {common_shard_rows(specs)} rows, but the Dataset was "
+                             f"built with {self._shard_rows}: sources must not be resized while fastload uses them")
+        return specs
+
+    def column_states(self) -> list[ColumnState]:
+        """Where every array's bytes are (each shard's, a ragged column's values and offsets)."""
+        return column_states_of(list(self._columns.items()))
+
+    def check_column_states(self, states: list[ColumnState]) -> None:
+        check_column_states_of(list(self._columns.items()), states)
+
+    def _declared(self) -> list[int] | None:
+        return None if self._real_shards else self.shard_rows
+
+    def __reduce__(self) -> tuple:
+        return _restore_dataset, ({name: reduce_value(v) for name, v in self._columns.items()}, self._declared())
+
+    def __deepcopy__(self, memo: dict) -> "Dataset":
+        states = {name: reduce_value(v) for name, v in self._columns.items()}
+        return _restore_dataset(copy.deepcopy(states, memo), self._declared())
+
+    def __copy__(self) -> "Dataset":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._columns = dict(self._columns)
+        return new
 
     def __repr__(self) -> str:
-        cols = ", ".join(f"{s.name}: {dtype_name(s)}{list(s.row_shape)}" for s in self._specs)
+        cols = ", ".join(f"{name}: {dtype}{list(shape)}" for name, dtype, shape in self._summary)
         return f"Dataset({len(self)} samples; {cols})"
+
+
+def _restore_dataset(states: dict[str, tuple], declared: list[int] | None = None) -> Dataset:
+    return _redeclare(Dataset({name: restore_value(s) for name, s in states.items()}), declared)
 
 
 class Windows:
@@ -91,7 +157,8 @@ class Windows:
     carry the column "tokens" of shape (batch, length) in the tokens' dtype. An N-D array (a time
     series (T, C, H, W)) gives batches (batch, length, C, H, W). A list of arrays (or
     Windows.from_files) is one source whose windows never cross an array's end; the rows left
-    after each array's last window are counted in `unused_tokens`.
+    after each array's last window are counted in `unused_tokens`. Pickling carries memmaps (and
+    from_files' files) by file name, other arrays by value.
     """
 
     def __init__(self, tokens: Any, length: int, stride: int | None = None):
@@ -101,13 +168,19 @@ class Windows:
         stride = length if stride is None else _as_int("stride", stride)
         if stride <= 0:
             raise ValueError(f"stride must be positive, got {stride}")
-        layout = describe_windows(tokens, length, stride)
-        self.length, self.stride, self.num_tokens = length, stride, layout.num_tokens
+        # A list is copied (its arrays are the user's): the shard structure is fixed from here on.
+        self._tokens = list(tokens) if isinstance(tokens, (list, tuple)) else tokens
+        self.length, self.stride = length, stride
+        layout = describe_windows(self._tokens, length, stride)
+        self.num_tokens = layout.num_tokens
         self.unused_tokens = layout.unused_tokens  # rows after the last window of each array
         self.unused_per_file = layout.unused_per_shard
         self.files: list[str] | None = None
+        self._count = layout.spec.rows
         self._shard_rows = layout.shard_rows
-        self._spec = layout.spec
+        self._real_shards = self._shard_rows is not None
+        self._row_shape = layout.spec.row_shape
+        self._dtype = dtype_name(layout.spec)
 
     @classmethod
     def from_files(cls, paths: Sequence[str | os.PathLike], dtype: Any, length: int, stride: int | None = None,
@@ -120,21 +193,68 @@ class Windows:
 
     @property
     def shard_rows(self) -> list[int] | None:
-        """Windows per array (file) in order for a list of arrays; None for one array."""
-        return None if self._shard_rows is None else list(self._shard_rows)
+        """Windows per array (file) in order for a list of arrays; None for one array (no shard
+        structure)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __len__(self) -> int:
-        return self._spec.rows
+        return self._count
 
     @property
     def names(self) -> list[str]:
         return ["tokens"]
 
+    def _arrays(self) -> list[tuple[str, Any]]:
+        if isinstance(self._tokens, list):
+            return [(f"tokens[{k}]", a) for k, a in enumerate(self._tokens)]
+        return [("tokens", self._tokens)]
+
     def column_specs(self) -> list[ColumnSpec]:
-        return [self._spec]
+        """The core's description of the windows, made now from the live arrays."""
+        layout = describe_windows(self._tokens, self.length, self.stride)
+        if layout.spec.rows != self._count or (self._real_shards and layout.shard_rows != self._shard_rows):
+            raise ValueError(f"tokens now give {layout.spec.rows} windows, but the Windows was built with "
+                             f"{self._count}: sources must not be resized while fastload uses them")
+        return [layout.spec]
+
+    def column_states(self) -> list[ColumnState]:
+        return [column_state(label, a, what="tokens") for label, a in self._arrays()]
+
+    def check_column_states(self, states: list[ColumnState]) -> None:
+        for state, (_, a) in zip(states, self._arrays()):
+            check_column_state(state, a, what="tokens")
+
+    def _state(self) -> tuple:
+        tokens = ([reduce_column(a) for a in self._tokens] if isinstance(self._tokens, list)
+                  else reduce_column(self._tokens))
+        declared = None if self._real_shards else self.shard_rows
+        return (tokens, self.length, self.stride, self.files, declared)
+
+    def __reduce__(self) -> tuple:
+        return _restore_windows, self._state()
+
+    def __deepcopy__(self, memo: dict) -> "Windows":
+        return _restore_windows(*copy.deepcopy(self._state(), memo))
+
+    def __copy__(self) -> "Windows":
+        new = object.__new__(Windows)
+        new.__dict__.update(self.__dict__)
+        if isinstance(self._tokens, list):
+            new._tokens = list(self._tokens)
+        return new
 
     def __repr__(self) -> str:
-        rest = f" x {list(self._spec.row_shape[1:])}" if len(self._spec.row_shape) > 1 else ""
-        files = f" in {len(self._shard_rows)} arrays" if self._shard_rows is not None else ""
-        return (f"Windows({len(self)} windows of {self.length}{rest} {dtype_name(self._spec)} tokens, "
+        rest = f" x {list(self._row_shape[1:])}" if len(self._row_shape) > 1 else ""
+        files = f" in {len(self._shard_rows)} arrays" if self._real_shards else ""
+        return (f"Windows({len(self)} windows of {self.length}{rest} {self._dtype} tokens, "
                 f"stride {self.stride}, over {self.num_tokens} tokens{files})")
+
+
+def _restore_windows(tokens: Any, length: int, stride: int, files: list[str] | None = None,
+                     declared: list[int] | None = None) -> Windows:
+    # A from_files Windows travels by its files (memmaps by name); each is mapped again here.
+    arrays = [restore_column(t) for t in tokens] if isinstance(tokens, list) else restore_column(tokens)
+    w = Windows(arrays, length, stride)
+    w.files = files
+    return _redeclare(w, declared)

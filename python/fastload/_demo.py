@@ -9,6 +9,9 @@ Steps:
    loader's device; features stored as float16 are cast to float32 there (half the bytes moved).
 3. Time every step and the part of it spent in ``next()`` on the loader, then print a summary:
    samples/s, the share of time waiting for data, the knobs used, the dataset size and the loss.
+4. With ``--compare``, run the same loop for the same number of steps fed by
+   ``torch.utils.data.DataLoader`` (a per-sample Dataset over the same files, default collate,
+   as many workers as the loader has threads) and add a side-by-side line to the summary.
 
 Exit status: 0 when done, 130 after Ctrl-C (the summary so far is still printed), 2 on bad
 arguments.
@@ -72,7 +75,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Train a small MLP on a generated on-disk dataset through fastload.Loader and "
                     "report throughput and the share of step time spent waiting for data.",
         epilog="Exit status: 0 when done; 130 after Ctrl-C (the summary so far is still printed); "
-               "2 on bad arguments.",
+               "2 on bad arguments. See also: python -m fastload tune --help (measure and pick "
+               "num_threads/prefetch on your own data).",
     )
     data = parser.add_argument_group("dataset")
     data.add_argument("--samples", type=_positive_int, default=200_000, metavar="N",
@@ -102,8 +106,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     loader = parser.add_argument_group("loader")
     loader.add_argument("--threads", type=_positive_int, default=None, metavar="T",
                         help="collation threads (default: the CPUs this process may use)")
-    loader.add_argument("--prefetch", type=_positive_int, default=4, metavar="P",
-                        help="batches in flight (default: %(default)s)")
+    loader.add_argument("--prefetch", type=_positive_int, default=None, metavar="P",
+                        help="batches in flight (default: the loader's, a 16 MiB budget within 4..32)")
     loader.add_argument("--streams", type=_positive_int, default=1, metavar="S",
                         help="copy streams per GPU (default: %(default)s; no effect on the CPU)")
     loader.add_argument("--device", default=None, metavar="DEV",
@@ -114,7 +118,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="on CUDA, wait for the GPU at the end of every step, so that time in next() "
                              "is only data wait and not the previous step's queued GPU work; costs the "
                              "overlap of one step's launch with the previous step's kernels "
-                             "(default: on for CUDA; no effect on the CPU)")
+                             "(default: on for CUDA; on the CPU there is nothing to synchronise: every "
+                             "step's work is done when it returns, and the summary shows sync=n/a)")
+    report.add_argument("--compare", action="store_true",
+                        help="after the fastload run, run the same loop for the same steps fed by "
+                             "torch.utils.data.DataLoader (num_workers = the loader's threads, persistent "
+                             "workers, a per-sample Dataset over the same files, default collate, pin_memory "
+                             "on a GPU) and print both side by side")
     report.add_argument("--no-progress", action="store_true",
                         help="no progress bar; print a line every --log-every steps instead "
                              "(also the behaviour when stderr is not a terminal)")
@@ -214,6 +224,55 @@ def endless_batches(loader: fl.Loader) -> Iterator[dict[str, torch.Tensor]]:
         epoch += 1
 
 
+class SampleDataset(torch.utils.data.Dataset):
+    """What a typical PyTorch user writes for --compare: one sample is one row of each file.
+
+    Holds file paths and maps the files on first use in each worker, so it pickles small under any
+    multiprocessing start method (a pickled np.memmap would copy the whole array)."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.files = files
+        self.columns: dict[str, np.ndarray] | None = None
+        self.length = len(np.load(files["y"], mmap_mode="r"))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self.columns is None:
+            self.columns = {name: np.load(path, mmap_mode="r") for name, path in self.files.items()}
+        return {name: torch.from_numpy(np.array(column[i])) for name, column in self.columns.items()}
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "columns": None}
+
+
+def dataloader_batches(loader: torch.utils.data.DataLoader, device: torch.device
+                       ) -> Iterator[dict[str, torch.Tensor]]:
+    """The DataLoader's batches of epoch 0, 1, 2, ..., on `device` (pinned by the DataLoader on a
+    GPU, so the copy can be asynchronous). Stops the workers when closed."""
+    it = None
+    try:
+        while True:
+            it = iter(loader)
+            for batch in it:
+                yield {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    finally:
+        # Stop persistent workers now, not at garbage collection (a private method, but the only
+        # prompt way): they must not share the CPUs with what runs next.
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def make_dataloader(files: dict[str, Path], batch_size: int, workers: int, device: torch.device,
+                    seed: int) -> torch.utils.data.DataLoader:
+    return torch.utils.data.DataLoader(
+        SampleDataset(files), batch_size=batch_size, shuffle=True, num_workers=workers,
+        persistent_workers=workers > 0, pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(seed))
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """One optimizer step; returns the loss as a tensor (reading it as a float would wait for a GPU)."""
@@ -299,18 +358,18 @@ class Progress:
         self._drawn = True
 
 
-def train(loader: fl.Loader, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int,
-          sync: bool, progress: Progress, stats: Stats) -> None:
-    """Runs up to `steps` steps, filling `stats` as it goes (so Ctrl-C leaves it consistent).
+def train(batches: Iterator[dict[str, torch.Tensor]], device: torch.device, model: torch.nn.Module,
+          optimizer: torch.optim.Optimizer, steps: int, sync: bool, progress: Progress, stats: Stats) -> None:
+    """Runs up to `steps` steps on `batches` (closed at the end), filling `stats` as it goes (so
+    Ctrl-C leaves it consistent).
 
-    Measured: the data wait is the time in next() on the loader (for a new epoch that includes
-    set_epoch and starting the epoch's pipeline). The elapsed time is the whole loop's wall time,
-    progress output included, and on CUDA it ends only when the GPU has finished. With `sync`
+    Measured: the data wait is the time in next() on `batches` (for a new epoch that includes
+    starting the epoch; for the DataLoader, the copy to the device too). The elapsed time is the
+    whole loop's wall time, progress output included, and on CUDA it ends only when the GPU has finished. With `sync`
     every step ends with torch.cuda.synchronize(), so the GPU is idle when next() is timed: the
     wait is then data alone, not the previous step's GPU work that a copy would queue behind.
     """
-    on_cuda = loader.device.type == "cuda"
-    batches = endless_batches(loader)
+    on_cuda = device.type == "cuda"
     began = time.perf_counter()
     try:
         for _ in range(steps):
@@ -319,21 +378,22 @@ def train(loader: fl.Loader, model: torch.nn.Module, optimizer: torch.optim.Opti
             wait = time.perf_counter() - t0
             loss = train_step(model, optimizer, batch)
             if sync and on_cuda:
-                torch.cuda.synchronize(loader.device)
+                torch.cuda.synchronize(device)
             stats.record(wait, len(batch["y"]), loss)
             stats.elapsed_s = time.perf_counter() - began
             progress.update(stats, loss)
     finally:
         if on_cuda:
-            torch.cuda.synchronize(loader.device)  # work still queued is part of the run
+            torch.cuda.synchronize(device)  # work still queued is part of the run
         stats.elapsed_s = time.perf_counter() - began
         batches.close()
 
 
 # ---------------------------------------------------------------------------- report
 def summary(stats: Stats, loader: fl.Loader, args: argparse.Namespace, dataset_mb: float,
-            sync: bool, interrupted: bool) -> list[str]:
-    """The closing report: one labelled line per figure, the settings with their resolved values."""
+            sync: bool, interrupted: bool, prefetch: int, compared: Stats | None = None) -> list[str]:
+    """The closing report: one labelled line per figure, the settings with their resolved values,
+    and with --compare the DataLoader's figures beside fastload's."""
     def knob(value: object, given: object) -> str:
         return f"{value}" if given is not None else f"{value} (auto)"
 
@@ -341,7 +401,7 @@ def summary(stats: Stats, loader: fl.Loader, args: argparse.Namespace, dataset_m
     wait_ms = 1000 * stats.wait_s / stats.steps if stats.steps else 0.0
     status = f"interrupted after {stats.steps} of {args.steps} steps" if interrupted else f"{stats.steps} steps"
     on_cuda = loader.device.type == "cuda"
-    return [
+    lines = [
         f"fastload summary: {status}, {stats.samples:,} samples ({stats.samples / args.samples:.2f} epochs) "
         f"in {stats.elapsed_s:.2f} s",
         f"  throughput  {stats.rate():,.0f} samples/s ({steps_ms:.2f} ms/step)",
@@ -350,11 +410,22 @@ def summary(stats: Stats, loader: fl.Loader, args: argparse.Namespace, dataset_m
         f"  loss        {_mean(stats.first_losses):.4f} -> {_mean(stats.last_losses):.4f} "
         f"(mean of the first and last {_LOSS_WINDOW} steps)",
         f"  dataset     {args.samples:,} x {args.features} {args.dtype} + int64 label = {dataset_mb:,.1f} MB",
-        f"  settings    threads={knob(loader.num_threads, args.threads)} prefetch={args.prefetch} "
+        f"  settings    threads={knob(loader.num_threads, args.threads)} prefetch={knob(prefetch, args.prefetch)} "
         f"streams={args.streams if on_cuda else 'n/a'} "
         f"batch-size={args.batch_size} device={knob(loader.device, args.device)} "
         f"sync={('on' if sync else 'off') if on_cuda else 'n/a'} (torch-threads={torch.get_num_threads()})",
     ]
+    if not on_cuda:
+        lines.append("              (n/a: on the CPU there are no copy streams, and nothing to synchronise: "
+                     "a step's work is done when it returns)")
+    if compared is not None:
+        ratio = f"{stats.rate() / compared.rate():.2f}x" if compared.rate() > 0 else "n/a"
+        cut = f", interrupted after {compared.steps} of {args.steps} steps" if compared.steps < stats.steps else ""
+        lines.append(
+            f"  compared    fastload {stats.rate():,.0f} samples/s, data wait {100 * stats.wait_share():.1f}% | "
+            f"torch DataLoader ({loader.num_threads} workers{cut}) {compared.rate():,.0f} samples/s, "
+            f"data wait {100 * compared.wait_share():.1f}% | fastload/DataLoader {ratio}")
+    return lines
 
 
 # ---------------------------------------------------------------------------- main
@@ -369,7 +440,8 @@ def _data_folder(args: argparse.Namespace, stack: ExitStack) -> Path:
 def _run(args: argparse.Namespace, stack: ExitStack) -> int:
     log = sys.stderr
     spec = DataSpec(args.samples, args.features, args.classes, args.dtype, args.seed)
-    columns = open_dataset(_data_folder(args, stack), spec, log)
+    folder = _data_folder(args, stack)
+    columns = open_dataset(folder, spec, log)
     dataset_mb = sum(c.nbytes for c in columns.values()) / 1e6
     try:
         loader = fl.Loader(fl.Dataset(columns), batch_size=args.batch_size, shuffle=True, seed=args.seed,
@@ -379,6 +451,7 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
         print(f"python -m fastload: error: {e}", file=log)
         return 2
     stack.callback(loader.close)  # stop the loader's threads before the files go away
+    prefetch = loader.stats().prefetch  # resolved (the byte-budget default when not given)
 
     torch.manual_seed(args.seed)
     model = build_model(args.features, args.hidden, args.classes, loader.device)
@@ -391,13 +464,45 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
 
     stats, interrupted = Stats(), False
     try:
-        train(loader, model, optimizer, args.steps, sync, progress, stats)
+        train(endless_batches(loader), loader.device, model, optimizer, args.steps, sync, progress, stats)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         progress.close()
-    print("\n".join(summary(stats, loader, args, dataset_mb, sync, interrupted)), flush=True)
+    compared = None
+    if args.compare and not interrupted:
+        loader.close()  # its threads must not compete with the DataLoader's workers
+        compared = Stats()
+        try:
+            interrupted = _compare(args, folder, loader.num_threads, loader.device, sync, stats.steps, compared)
+        except KeyboardInterrupt:
+            interrupted = True
+    print("\n".join(summary(stats, loader, args, dataset_mb, sync, interrupted, prefetch, compared)), flush=True)
     return _EXIT_INTERRUPTED if interrupted else 0
+
+
+def _compare(args: argparse.Namespace, folder: Path, workers: int, device: torch.device, sync: bool,
+             steps: int, stats: Stats) -> bool:
+    """The same training loop (same model, seed and steps) fed by torch.utils.data.DataLoader;
+    fills `stats`. Returns whether Ctrl-C cut it short."""
+    log = sys.stderr
+    files = {name: folder / file for name, file in _FILES.items()}
+    print(f"comparing: the same {steps} steps fed by torch.utils.data.DataLoader ({workers} workers, "
+          f"per-sample Dataset, default collate{', pin_memory' if device.type == 'cuda' else ''})",
+          file=log, flush=True)
+    torch.manual_seed(args.seed)
+    model = build_model(args.features, args.hidden, args.classes, device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    progress = Progress(steps, log, bar=log.isatty() and not args.no_progress,
+                        every=args.log_every or max(1, steps // 10))
+    batches = dataloader_batches(make_dataloader(files, args.batch_size, workers, device, args.seed), device)
+    try:
+        train(batches, device, model, optimizer, steps, sync, progress, stats)
+    except KeyboardInterrupt:
+        return True
+    finally:
+        progress.close()
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

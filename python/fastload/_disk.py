@@ -3,10 +3,13 @@ are lists of memory-mapped .npy shards.
 
 A directory holds manifest.json and, per column, one .npy file per shard (a ragged column: a
 values and an offsets file per shard). Opening reads only the manifest and stats the files (no
-data pages); the shards are mapped when a Loader first needs their addresses.
+data pages); the shards are mapped when a Loader first needs them. The opened Dataset keeps the
+mapped arrays (never their addresses: descriptions are made from them each time), checks every
+file's size at each iter(), and pickles or deep-copies as its path (opened again on arrival).
 """
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -18,8 +21,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import _C
-from ._columns import ColumnSpec
-from ._dataset import Dataset
+from ._columns import ColumnSpec, ColumnState, _FileBacking, check_column_state, column_state
+from ._dataset import Dataset, _redeclare
 from ._ragged import Ragged
 from ._shards import describe_shards, output_names
 
@@ -215,14 +218,16 @@ class DiskDataset(Dataset):
                     raise DatasetError(f"{mpath}: column {col.name!r} has unknown kind {col.kind!r}")
         self.path = root
         self.manifest = manifest
-        self._columns = columns
-        self._rows = rows
-        self._total = total
+        self._disk_columns = columns
+        self._shard_sizes = rows
+        self._rows = total
         ragged = [c.name for c in columns if c.kind == "ragged"]
         self._pad = {n: _per_column("pad", pad, n, ragged) for n in ragged}
         self._max_length = {n: _per_column("max_length", max_length, n, ragged) for n in ragged}
         self._shard_rows = rows if len(rows) > 1 else None
-        self._mapped: list[ColumnSpec] | None = None
+        self._real_shards = self._shard_rows is not None
+        # Per column, per shard: the mapped array, or (values, offsets); made at the first need.
+        self._maps: list[list[Any]] | None = None
         self._map_lock = threading.Lock()
         if verify:
             self.verify()
@@ -230,7 +235,7 @@ class DiskDataset(Dataset):
     def verify(self) -> None:
         """Reads every file: checks headers and checksums, and a ragged column's offsets; raises
         DatasetError naming the first corrupt file."""
-        for col in self._columns:
+        for col in self._disk_columns:
             for k, f in enumerate(col.files):
                 if col.kind == "fixed":
                     f.verify()
@@ -246,50 +251,103 @@ class DiskDataset(Dataset):
                     raise DatasetError(f"{offsets.path}: a row of {int(steps.max())} items, longer than the manifest's "
                                        f"longest ({col.longest})")
 
-    def _specs_now(self) -> list[ColumnSpec]:
+    def _mapped(self) -> list[list[Any]]:
         with self._map_lock:
-            if self._mapped is None:
-                specs = []
-                for col in self._columns:
-                    if col.kind == "fixed":
-                        specs.append(describe_shards(col.name, [f.map() for f in col.files]))
-                    else:
-                        values = [v.map() for v, _ in col.files]
-                        offsets = [o.map() for _, o in col.files]
-                        ragged = Ragged._trusted(values, offsets, col.longest, self._pad[col.name],
-                                                 self._max_length[col.name])
-                        specs.append(ragged._describe(col.name))
-                self._mapped = specs
-            return self._mapped
+            if self._maps is None:
+                self._maps = [[f.map() if col.kind == "fixed" else (f[0].map(), f[1].map()) for f in col.files]
+                              for col in self._disk_columns]
+            return self._maps
 
     def column_specs(self) -> list[ColumnSpec]:
-        return list(self._specs_now())
+        """The core's description of every column, made now from the mapped shards."""
+        specs = []
+        for col, arrays in zip(self._disk_columns, self._mapped()):
+            if col.kind == "fixed":
+                specs.append(describe_shards(col.name, arrays))
+            else:
+                ragged = Ragged._trusted([v for v, _ in arrays], [o for _, o in arrays], col.longest,
+                                         self._pad[col.name], self._max_length[col.name])
+                specs.append(ragged._describe(col.name))
+        return specs
+
+    def _files_and_arrays(self) -> list[tuple[str, _File, np.ndarray]]:
+        out = []
+        for col, arrays in zip(self._disk_columns, self._mapped()):
+            for k, (f, a) in enumerate(zip(col.files, arrays)):
+                if col.kind == "fixed":
+                    out.append((f"{col.name}[{k}]", f, a))
+                else:
+                    out.append((f"{col.name}[{k}] values", f[0], a[0]))
+                    out.append((f"{col.name}[{k}] offsets", f[1], a[1]))
+        return out
+
+    def column_states(self) -> list[ColumnState]:
+        """Every shard file's array and size: a file truncated or replaced under the mapping is
+        reported at the next iter() instead of killing the process with SIGBUS."""
+        return [column_state(label, a, "shard", backing=_backing(f, a)) for label, f, a in self._files_and_arrays()]
+
+    def check_column_states(self, states: list[ColumnState]) -> None:
+        for state, (_, _, a) in zip(states, self._files_and_arrays()):
+            check_column_state(state, a, "shard")
+
+    def __reduce__(self) -> tuple:
+        return _reopen, (self.path, self._pad, self._max_length, self._rows, list(self._shard_sizes),
+                         self._declared())
+
+    def __deepcopy__(self, memo: dict) -> "DiskDataset":
+        return _reopen(self.path, copy.deepcopy(self._pad, memo), copy.deepcopy(self._max_length, memo), self._rows,
+                       list(self._shard_sizes), self._declared())
+
+    def __copy__(self) -> "DiskDataset":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
 
     def shard(self, k: int) -> dict[str, Any]:
         """Shard k's columns as arrays (a ragged column as (values, offsets)), memory-mapped."""
-        if not -len(self._rows) <= k < len(self._rows):
-            raise IndexError(f"shard {k} out of range for {len(self._rows)} shards")
+        if not -len(self._shard_sizes) <= k < len(self._shard_sizes):
+            raise IndexError(f"shard {k} out of range for {len(self._shard_sizes)} shards")
         out: dict[str, Any] = {}
-        for col in self._columns:
+        for col in self._disk_columns:
             f = col.files[k]
             out[col.name] = f.map(True) if col.kind == "fixed" else (f[0].map(True), f[1].map(True))
         return out
 
     @property
     def num_shards(self) -> int:
-        return len(self._rows)
+        return len(self._shard_sizes)
 
     def __len__(self) -> int:
-        return self._total
+        return self._rows
 
     @property
     def names(self) -> list[str]:
-        return output_names([_NameOnly(c.name, c.kind == "ragged") for c in self._columns])
+        return output_names([_NameOnly(c.name, c.kind == "ragged") for c in self._disk_columns])
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}{' ragged' if c.kind == 'ragged' else ''}"
-                         for c in self._columns)
-        return f"Dataset.open({self.path!r}: {len(self)} samples in {len(self._rows)} shards; {cols})"
+                         for c in self._disk_columns)
+        return f"Dataset.open({self.path!r}: {len(self)} samples in {len(self._shard_sizes)} shards; {cols})"
+
+
+def _backing(f: _File, array: np.ndarray) -> _FileBacking:
+    """Where a shard's array lies in its file (mapped with mmap.mmap, which np.memmap's
+    file_backing does not recognise)."""
+    mapping = array
+    while not isinstance(mapping, mmap.mmap):
+        mapping = mapping.obj if isinstance(mapping, memoryview) else mapping.base
+    return _FileBacking(mapping, f.path, "r", f.offset, 0, f.nbytes)
+
+
+def _reopen(path: str, pad: Any, max_length: Any, rows: int, shard_sizes: list[int],
+            declared: list[int] | None = None) -> DiskDataset:
+    """An unpickled or deep-copied dataset directory: opened again by path, and refused if the
+    directory no longer holds the same shards."""
+    ds = DiskDataset(path, pad=pad, max_length=max_length)
+    if len(ds) != rows or ds._shard_sizes != shard_sizes:
+        raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied "
+                           f"({rows} rows in {len(shard_sizes)} shards then, {len(ds)} in {ds.num_shards} now)")
+    return _redeclare(ds, declared)
 
 
 class _NameOnly:

@@ -3,11 +3,12 @@ rank and world size, its default device, and how many collation threads it may u
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
 
-from ._dataset import _as_int
+from ._arguments import MAX_THREADS, _as_int
 
 
 def _env_int(name: str) -> int | None:
@@ -41,7 +42,13 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
         source = "torch.distributed"
     else:
         env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        if env_rank is not None and env_world is not None:
+        if (env_rank is None) != (env_world is None):
+            # Half a launcher's environment: guessing rank 0 of 1 would make every process load
+            # the whole dataset.
+            given, missing = ("RANK", "WORLD_SIZE") if env_rank is not None else ("WORLD_SIZE", "RANK")
+            raise ValueError(f"the environment sets {given}={os.environ[given]!r} but not {missing}; set both "
+                             f"(torchrun does), or pass rank= and world_size= explicitly")
+        if env_rank is not None:
             rank, world_size, source = env_rank, env_world, "RANK/WORLD_SIZE"
         else:
             rank, world_size, source = 0, 1, "default"
@@ -59,10 +66,34 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def local_world_size() -> int:
+    """How many of this job's processes run on this node, from what the launcher tells:
+    LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE (Slurm); where a launcher sets only
+    LOCAL_RANK (Lightning, Accelerate), WORLD_SIZE over the number of nodes if one of NUM_NODES,
+    SLURM_NNODES or NNODES is set, else one process per visible GPU (at most WORLD_SIZE)."""
+    local = _env_int("LOCAL_WORLD_SIZE")
+    if local:
+        return local
+    slurm = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+    match = re.match(r"\d+", slurm)  # e.g. "4" or "4(x2)"
+    if match and int(match.group()) > 0:
+        return int(match.group())
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        return 1
+    world = _env_int("WORLD_SIZE")
+    nodes = next((n for n in map(_env_int, ("NUM_NODES", "SLURM_NNODES", "NNODES")) if n), None)
+    if world and nodes:
+        share = -(-world // nodes)
+    else:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        share = min(world, gpus) if world and gpus else (gpus or world or 1)
+    return max(share, local_rank + 1)
+
+
 def default_num_threads() -> int:
-    """The CPUs this process may use, shared among the ranks on this node."""
-    local = _env_int("LOCAL_WORLD_SIZE") or 1
-    return max(1, usable_cpus() // max(local, 1))
+    """The CPUs this process may use, shared among this job's processes on this node."""
+    return min(MAX_THREADS, max(1, usable_cpus() // local_world_size()))
 
 
 def resolve_device(device: Any) -> torch.device:

@@ -1,10 +1,14 @@
-"""Keeps native threads from outliving the interpreter: every live engine is closed at exit.
+"""Keeps native threads from outliving the interpreter: every live engine is closed at exit,
+and daemon threads still iterating are parked inside next() (see csrc/bindings/exit_parking.h).
 (After fork(), the native layer itself refuses to run a parent's engine in the child.)"""
 from __future__ import annotations
 
 import atexit
+import time
 import weakref
 from typing import Any
+
+from . import _C
 
 _live: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -14,11 +18,19 @@ def register(owner: Any) -> None:
     _live.add(owner)
 
 
+# How long exit waits for iterating daemon threads to reach next() and park.
+_PARK_WAIT_S = 2.0
+
+
 @atexit.register
 def _close_all() -> None:
+    _C._start_exit_parking()
     for owner in list(_live):
         try:
             owner.close()
         except Exception:  # noqa: BLE001 - exit must not fail on one loader
             pass
+    deadline = time.monotonic() + _PARK_WAIT_S
+    while _C._unparked_iterators() > 0 and time.monotonic() < deadline:
+        time.sleep(0.002)  # lets the daemon threads run to their next next()
 

@@ -12,16 +12,35 @@ import numpy as np
 import torch
 
 from . import _C, _lifecycle
+from ._arguments import check_loader_limits
+from ._columns import part_row_bytes
 from ._dataset import Dataset, Windows, _as_int
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._state import check_state, make_state
+from ._stats import LoaderStats
 
 Source = Union[Dataset, Windows]
 _EVEN = ("pad", "drop", "mask")
 _ORDER = ("random", "block")
+_PARTITION = ("samples", "shards")
 _MAX_SEED = 2**64 - 1
+# prefetch=None: as many batches as fit in this budget, within [4, 32]. Small batches come every
+# few µs, and a deeper window lets the consumer take several per wake-up; large ones need few.
+PREFETCH_BUDGET_BYTES = 16 << 20
+PREFETCH_RANGE = (4, 32)
+
+
+def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid: bool) -> int:
+    """Batches in flight per device when prefetch is not given (see PREFETCH_BUDGET_BYTES)."""
+    row = sum(part_row_bytes(source.column_specs())) + 8 * with_index + with_valid
+    batch = max(1, row * min(batch_size, len(source)))
+    lo, hi = PREFETCH_RANGE
+    return max(lo, min(hi, PREFETCH_BUDGET_BYTES // batch))
 # Samples per block for order="block": large enough that a block is a long sequential read.
 _BLOCK_SIZE = 4096
+# order="block" over shards: samples are shuffled within windows of this many consecutive shards
+# (more small ones until a window holds _BLOCK_SIZE samples).
+_WINDOW_SHARDS = 4
 
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
@@ -40,17 +59,49 @@ def _position(run: Any, outputs: int) -> int:
 
 
 class Loader:
-    """Batches from a Dataset or Windows source, sampled and collated by native threads.
+    """Batches from a Dataset or Windows source, sampled and collated by native threads and, for a
+    GPU, copied to the device ahead of time on the loader's own CUDA streams.
 
-    See the README for every argument; the sample order is a pure function of (len(source), seed,
-    epoch, batch_size, world_size, rank, shuffle, order, even, drop_last) and the resume position.
+    Iterate it for one epoch of ``dict[str, torch.Tensor]`` batches (one entry per column, plus
+    "index" with ``with_index`` and "valid" with ``even="mask"``). The sample order is a pure
+    function of (len(source), seed, epoch, batch_size, world_size, rank, shuffle, order, even,
+    drop_last) and the resume position; threads, prefetch and timing never change it.
+
+    Args:
+        source: a ``fastload.Dataset`` or ``fastload.Windows``.
+        batch_size: samples per batch on each device (the global batch is batch_size x
+            world_size, x devices after split()).
+        shuffle: a seeded permutation per epoch (O(1) memory); else the source's order.
+        seed: the permutation's seed, an integer in [0, 2**64).
+        drop_last: drop the epoch's final, shorter step instead of splitting it evenly.
+        order: with shuffle, "random" (any sample next to any) or "block" (blocks of 4096
+            consecutive samples shuffled, then shuffled within: locality when data > RAM).
+        rank, world_size: this process's data-parallel rank and their number; both or neither.
+            None: process_group, else torch.distributed if initialised, else RANK/WORLD_SIZE,
+            else 0 and 1 (resolved once, here).
+        process_group: a torch.distributed group to take rank and world size from.
+        even: how every rank gets the same number of batches when the dataset does not divide:
+            "pad" (repeat a few samples), "drop" (cut the remainder), "mask" (pad, and a bool
+            "valid" column that is False on the padding).
+        device: None (cuda:LOCAL_RANK if PyTorch sees a GPU, else "cpu"), "cpu", "cuda",
+            "cuda:N" or a torch.device. A GPU loader touches the CUDA driver only at its first
+            iter(); batches are ready on torch.cuda.current_stream() at the time of next().
+        num_threads: collation threads. None: the CPUs this process may use, divided among this
+            job's processes on the node (LOCAL_WORLD_SIZE and what other launchers tell).
+        prefetch: batches per device being built, copied or waiting for you. None: as many as fit
+            in 16 MiB, at least 4 and at most 32. Loader-held memory is bounded by it.
+        streams: host-to-device copy streams per GPU (no effect on the CPU).
+        with_index: add "index", the int64 sample ids of each batch.
+
+    Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
+    ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
     """
 
     def __init__(self, source: Source, batch_size: int, *, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, order: str = "random", rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
-                 device: Any = None, num_threads: int | None = None, prefetch: int = 4,
-                 streams: int = 1, with_index: bool = False):
+                 device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
+                 streams: int = 1, with_index: bool = False, partition: str = "samples"):
         if not isinstance(source, (Dataset, Windows)):
             raise TypeError(f"source must be a fastload.Dataset or fastload.Windows, got {type(source).__name__}")
         self._batch_size = _as_int("batch_size", batch_size)
@@ -66,7 +117,10 @@ class Loader:
             raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
         if even not in _EVEN:
             raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
-        self._prefetch = _as_int("prefetch", prefetch)
+        if prefetch is None:
+            self._prefetch = default_prefetch(source, self._batch_size, bool(with_index), even == "mask")
+        else:
+            self._prefetch = _as_int("prefetch", prefetch)
         if self._prefetch <= 0:
             raise ValueError(f"prefetch must be positive, got {self._prefetch}")
         self._streams = _as_int("streams", streams)
@@ -76,7 +130,23 @@ class Loader:
         if threads <= 0:
             raise ValueError(f"num_threads must be positive, got {threads}")
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
+        if partition not in _PARTITION:
+            raise ValueError(f"partition must be one of {_PARTITION}, got {partition!r}")
+        self._shard_rows: list[int] = source.shard_rows or []
+        if partition == "shards":
+            if source.shard_rows is None:
+                raise ValueError("partition='shards' needs a source with shard boundaries (shard_rows); "
+                                 f"{source!r} has none")
+            shards = sum(1 for r in self._shard_rows if r > 0)
+            if shards < self._world_size:
+                raise ValueError(f"partition='shards' needs at least world_size={self._world_size} non-empty "
+                                 f"shards, got {shards}")
+        self._partition = partition
+        self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
+        check_loader_limits(source, batch_size=self._batch_size, world_size=self._world_size, prefetch=self._prefetch,
+                            num_threads=threads, streams=self._streams, with_index=with_index, even=even)
+        self._source_states = source.column_states()  # where the bytes are: checked at every iter()/split()
         self._source = source
         self._shuffle, self._drop_last, self._with_index = bool(shuffle), bool(drop_last), bool(with_index)
         self._order, self._even = order, even
@@ -89,6 +159,7 @@ class Loader:
                                  self._prefetch, self._with_index, even == "mask", self._streams)
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
+        self._run_start = 0  # the running epoch's start position (non-zero after a resume)
         # Loader methods may be called from several threads: epochs and state change under it.
         self._lock = threading.RLock()
         self._pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
@@ -129,13 +200,15 @@ class Loader:
     def _samplers(self, devices: int) -> list[Any]:
         world = self._world_size * devices
         return [_C.Sampler(len(self._source), self._batch_size, world, self._rank * devices + d, self._seed,
-                           self._shuffle, self._order, self._even, self._drop_last, _BLOCK_SIZE)
+                           self._shuffle, self._order, self._even, self._drop_last, _BLOCK_SIZE,
+                           self._partition, self._shard_rows, _WINDOW_SHARDS)
                 for d in range(devices)]
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank when iterated with iter(); after split(), len() of each
-        device's iterator gives that device's remaining batches."""
-        return self._samplers(1)[0].num_batches(0)
+        """Batches per epoch that one iterator yields: this rank's batches with iter(); after
+        split(devices), each device's batches (the same for every device), until an iter()
+        without split() again. len() of an iterator gives its remaining batches."""
+        return self._samplers(self._outputs)[0].num_batches(0)
 
     def plan(self, epoch: int) -> np.ndarray:
         """This rank's sample ids for an epoch, in the order its batches hold them (int64)."""
@@ -161,16 +234,28 @@ class Loader:
             raise RuntimeError("this Loader is closed")
 
     def _start(self, devices: list[torch.device]) -> list[LoaderIterator]:
+        _C._park_if_exiting()  # a daemon thread starting an epoch at interpreter exit stops here
         with self._lock:
             self._check_usable()
+            self._source.check_column_states(self._source_states)
             indices = [self._gpu_index(dev) for dev in devices]
             if self._pending is not None:
                 epoch, start = self._pending
+                replicas = self._world_size * len(devices)
+                if start and self._resume_replicas not in (None, replicas):
+                    raise ValueError(f"the state was saved with partition='shards' at world size {self._resume_replicas} "
+                                     f"(ranks x devices); resuming at {replicas} is not supported: whole shards per "
+                                     "rank depend on the world size")
+            elif self._run is not None and all(self._run.handed(d) == 0 for d in range(self._outputs)):
+                # An iter() nothing was taken from (Lightning calls one before training) does not
+                # use up its epoch: the next iter() runs it again, from where it would have begun.
+                epoch, start = self._run.epoch, self._run_start
             else:
                 epoch, start = self._last_epoch + 1, 0
             if self._run is not None:
                 self._run.superseded = True
             run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
+            self._run_start = start
             self._pending = None
             self._run, self._outputs = run, len(devices)
             self._last_epoch = epoch
@@ -222,14 +307,25 @@ class Loader:
                 epoch, position = self._run.epoch, _position(self._run, self._outputs)
             return make_state(num_samples=len(self._source), seed=self._seed, shuffle=self._shuffle,
                               order=self._order, even=self._even, drop_last=self._drop_last, epoch=epoch,
-                              position=position, batch_size=self._batch_size, replicas=self._replicas)
+                              position=position, batch_size=self._batch_size, replicas=self._replicas,
+                              partition=self._partition)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
         another world size or batch size (from the same global sample position)."""
         with self._lock:
             self._check_usable()
-            state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order)
+            state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order,
+                                partition=self._partition)
+            # Whole shards per rank depend on the world size: a mid-epoch state resumes only at the
+            # world size (ranks x devices) it was saved at; checked again when the epoch starts.
+            saved = state.get("world_size")
+            saved = int(saved) if isinstance(saved, (int, np.integer)) and not isinstance(saved, bool) else None
+            if self._partition == "shards" and state["position"] and (saved is None or saved % self._world_size):
+                raise ValueError(f"the state was saved mid-epoch with partition='shards' at world size {saved!r}; this "
+                                 f"loader has world_size={self._world_size}: partition='shards' resumes mid-epoch only "
+                                 "at the same world size")
+            self._resume_replicas = saved if self._partition == "shards" else None
             self._seed = int(state["seed"])
             if self._run is not None:
                 self._run.superseded = True
@@ -261,6 +357,21 @@ class Loader:
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
+
+    def stats(self) -> LoaderStats:
+        """Counters of the current epoch (since its iter()/split()) and the memory the loader
+        holds; print it for a table. See LoaderStats for what each field means."""
+        with self._lock:
+            self._check_usable()
+            memory = self._engine.memory()
+            if self._run is None:
+                zero = {"count": 0, "busy_s": 0.0, "p50_s": 0.0, "p99_s": 0.0}
+                run = {"epoch": self._last_epoch + 1, "batches": 0, "samples": 0, "bytes": 0, "wait_s": 0.0,
+                       "wall_s": 0.0, "ready_mean": 0.0, "collation": zero, "copy": {},
+                       "num_threads": self._num_threads, "prefetch": self._prefetch, "streams": self._streams}
+            else:
+                run = self._engine.stats(self._run)
+            return LoaderStats._from_native(run, memory)
 
     def _memory(self) -> dict[str, int]:
         """Bytes and buffers the loader's pools have allocated and not freed (batches users still

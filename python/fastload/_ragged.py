@@ -2,6 +2,7 @@
 a padded slot per row plus a `<name>_lengths` column."""
 from __future__ import annotations
 
+import copy
 import math
 import operator
 from typing import Any, Sequence
@@ -9,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._columns import ColumnSpec, describe_array
+from ._columns import ColumnSpec, describe_array, reduce_column, restore_column
 
 
 def _pad_bytes(what: str, pad: Any, values: Any) -> bytes:
@@ -149,10 +150,37 @@ class Ragged:
         pad = _pad_bytes(f"ragged column {name!r}", self.pad, self._values[0])
         table = tuple((s.address, rows, item_bytes, o.__array_interface__["data"][0], s.rows)
                       for s, o, rows in zip(specs, self._offsets, self._rows))
-        return ColumnSpec(name, (tuple(self._values), tuple(self._offsets)), 0, len(self), 0,
+        owners = (tuple(s.owner for s in specs), tuple(self._offsets))
+        return ColumnSpec(name, owners, 0, len(self), 0,
                           self.length * item_bytes, first.dl_code, first.bits, (self.length,) + first.row_shape,
                           shards=table, ragged=(item_bytes, pad))
+
+    def _arrays(self, name: str) -> list[tuple[str, Any, str]]:
+        """(label, array, what) for every array the column reads: each shard's values and offsets."""
+        out = []
+        for k, (v, o) in enumerate(zip(self._values, self._offsets)):
+            shard = f"[{k}]" if len(self._values) > 1 else ""
+            out.append((f"{name}{shard}", v, "ragged column values"))
+            out.append((f"{name}{shard}", o, "ragged column offsets"))
+        return out
+
+    def _reduce_state(self) -> tuple:
+        return ([reduce_column(v) for v in self._values], [reduce_column(o) for o in self._offsets],
+                self.longest, self.pad, self.max_length)
+
+    def __reduce__(self) -> tuple:
+        # Values and offsets travel like any column: memmaps by file, the rest by value.
+        return restore_ragged, (self._reduce_state(),)
+
+    def __deepcopy__(self, memo: dict) -> "Ragged":
+        return restore_ragged(copy.deepcopy(self._reduce_state(), memo))
 
     def __repr__(self) -> str:
         return (f"Ragged({len(self)} rows, longest {self.longest}, slot {self.length}, pad {self.pad!r}, "
                 f"{len(self._values)} shard(s))")
+
+
+def restore_ragged(state: tuple) -> Ragged:
+    values, offsets, longest, pad, max_length = state
+    return Ragged._trusted([restore_column(v) for v in values], [restore_column(o) for o in offsets], longest,
+                           pad, max_length)

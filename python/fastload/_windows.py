@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ._arguments import INT64_MAX
 from ._columns import ColumnSpec, describe_array
 
 
@@ -41,13 +42,22 @@ def _piece(array: Any, k: int | None) -> ColumnSpec:
     return spec
 
 
+def _check_pitch(stride: int, spec: ColumnSpec) -> None:
+    row_bytes = spec.row_bytes
+    if row_bytes and stride * row_bytes > INT64_MAX:
+        unit = "the itemsize of the tokens" if not spec.row_shape else "the bytes of one row of tokens"
+        raise ValueError(f"stride must be at most (2**63 - 1) // {row_bytes} ({unit}), got {stride}")
+
+
 def describe_windows(tokens: Any, length: int, stride: int) -> WindowLayout:
-    """Sample i is tokens[s : s + length] along the first axis; batches are (B, length, *rest)."""
+    """Sample i is tokens[s : s + length] along the first axis; batches are (B, length, *rest).
+    Made from the live arrays each time (it holds their addresses)."""
     arrays = list(tokens) if isinstance(tokens, (list, tuple)) else None
     if arrays is None:
         spec = _piece(tokens, None)
         if length > spec.rows:
             raise ValueError(f"length must be at most the number of tokens ({spec.rows}), got {length}")
+        _check_pitch(stride, spec)
         count, unused = _count(spec.rows, length, stride)
         window = spec._replace(rows=count, pitch=stride * spec.row_bytes, row_bytes=length * spec.row_bytes,
                                row_shape=(length,) + spec.row_shape)
@@ -67,8 +77,9 @@ def describe_windows(tokens: Any, length: int, stride: int) -> WindowLayout:
         longest = max(s.rows for s in specs)
         raise ValueError(f"length must be at most the tokens of the longest array ({longest}), got {length}")
     inner = first.row_bytes
+    _check_pitch(stride, first)
     table = tuple((s.address, c, stride * inner, 0, 0) for s, (c, _) in zip(specs, counts))
-    window = first._replace(owner=tuple(arrays), address=0, rows=total, pitch=0, row_bytes=length * inner,
+    window = first._replace(owner=tuple(s.owner for s in specs), address=0, rows=total, pitch=0, row_bytes=length * inner,
                             row_shape=(length,) + first.row_shape, shards=table)
     unused = [u for _, u in counts]
     return WindowLayout(window, sum(s.rows for s in specs), sum(unused), unused, [c for c, _ in counts])

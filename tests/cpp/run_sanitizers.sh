@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# Builds the C++ core (csrc/core/*.cpp) with tests/cpp/test_core.cpp twice -- under
-# ThreadSanitizer, and under AddressSanitizer + UndefinedBehaviorSanitizer -- runs both, and
-# prints one summary line "N passed, M failed" (test cases over both builds). Exits non-zero if a
-# build fails, a check fails, or a sanitizer reports. Works from any directory.
+# Builds and runs the C++ tests twice -- under ThreadSanitizer, and under AddressSanitizer +
+# UndefinedBehaviorSanitizer -- and prints one summary line "N passed, M failed" (test cases over
+# every binary of both builds). Exits non-zero if a build fails, a check fails, or a sanitizer
+# reports. Works from any directory.
+#
+#   test_core      the core (csrc/core/*.cpp) with tests/cpp/test_core.cpp
+#   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
+#                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
+#                  under the same sanitizer (a TSan-instrumented .so for the TSan build) and
+#                  named by FASTLOAD_LIBCUDA
 #
 #   bash tests/cpp/run_sanitizers.sh            # both builds
 #   SANITIZERS=tsan bash tests/cpp/run_sanitizers.sh    # only one (tsan | asan)
 #   bash tests/cpp/run_sanitizers.sh engine     # only cases whose name contains "engine"
 #
 # Needs g++ with its sanitizer runtimes (Debian/Ubuntu: libtsan2, libasan8, libubsan1, which
-# come with g++-12).
+# come with g++-12) and python3 (tests/fake_cuda/build.py).
 set -u -o pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 build="${FASTLOAD_SANITIZER_BUILD_DIR:-$repo/build/sanitizers}"
 cxx="${CXX:-g++}"
+python="${PYTHON:-python3}"
 filter="${1:-}"
 builds="${SANITIZERS:-tsan asan}"
 run_timeout="${FASTLOAD_SANITIZER_RUN_TIMEOUT:-170}"  # seconds per binary (cases have a 60 s watchdog)
 
 mkdir -p "$build"
-common=(-std=c++17 -O1 -g -pthread -Wall -Wextra -I"$repo/csrc")
-sources=("$repo"/csrc/core/*.cpp "$repo/tests/cpp/test_core.cpp")
+# -fno-var-tracking: line numbers in sanitizer reports stay; without it test_core.cpp alone takes
+# over a minute to compile under ASan + UBSan.
+common=(-std=c++17 -O1 -g -fno-var-tracking -pthread -Wall -Wextra -I"$repo/csrc")
+core_sources=("$repo"/csrc/core/*.cpp)
+cuda_sources=("$repo"/csrc/cuda/*.cpp)
+binaries=(test_core test_transfer)
 
 flags_for() {
   case "$1" in
@@ -31,21 +42,82 @@ flags_for() {
   esac
 }
 
-# Compile each build's translation units in parallel (objects per build), then link.
+# The stand-in driver's sanitizer, as tests/fake_cuda/build.py spells it.
+fake_sanitizer_for() {
+  case "$1" in
+    tsan) echo "thread" ;;
+    asan) echo "address,undefined" ;;
+  esac
+}
+
+# Compiles every translation unit of a build in parallel (one object each, shared by both
+# binaries) and the stand-in driver beside them, then links. Leaves the stand-in's path in
+# $dir/libcuda.path.
 compile() {
-  local name="$1" dir="$build/$1" objs=() pids=() rc=0 src obj
+  local name="$1" dir="$build/$1" pids=() rc=0 src
   mkdir -p "$dir"
+  obj() { echo "$dir/$(basename "${1%.cpp}").o"; }
   # shellcheck disable=SC2046
-  for src in "${sources[@]}"; do
-    obj="$dir/$(basename "${src%.cpp}").o"
-    objs+=("$obj")
-    "$cxx" "${common[@]}" $(flags_for "$name") -c "$src" -o "$obj" &
+  for src in "${core_sources[@]}" "${cuda_sources[@]}" "$here/test_core.cpp" "$here/test_transfer.cpp"; do
+    "$cxx" "${common[@]}" $(flags_for "$name") -c "$src" -o "$(obj "$src")" &
     pids+=($!)
   done
+  "$python" "$repo/tests/fake_cuda/build.py" "$dir" --sanitize "$(fake_sanitizer_for "$name")" \
+    > "$dir/libcuda.path" &
+  pids+=($!)
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   [ "$rc" -eq 0 ] || return 1
+  local core_objs=() cuda_objs=()
+  for src in "${core_sources[@]}"; do core_objs+=("$(obj "$src")"); done
+  for src in "${cuda_sources[@]}"; do cuda_objs+=("$(obj "$src")"); done
   # shellcheck disable=SC2046
-  "$cxx" "${common[@]}" $(flags_for "$name") "${objs[@]}" -o "$dir/test_core"
+  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_core.o" -o "$dir/test_core" &
+  pids=($!)
+  # shellcheck disable=SC2046
+  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "${cuda_objs[@]}" "$dir/test_transfer.o" \
+    -ldl -o "$dir/test_transfer" &
+  pids+=($!)
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  return "$rc"
+}
+
+# Runs one binary of one build; prints its cases (the stand-in's own "MISUSE" lines, which the
+# deliberate-misuse cases provoke, stay in the log only) and adds to the totals.
+run_binary() {
+  local name="$1" binary="$2" log="$build/$1/$2.log" rc pass fail runs crashed t0
+  t0=$(date +%s)
+  local sanitizer_env
+  if [ "$name" = tsan ]; then
+    sanitizer_env=(TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}")
+  else
+    sanitizer_env=(ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}"
+                   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}")
+  fi
+  env "${sanitizer_env[@]}" FASTLOAD_LIBCUDA="$(cat "$build/$name/libcuda.path")" \
+    timeout -k 5 "$run_timeout" "$build/$name/$binary" ${filter:+"$filter"} 2>&1 \
+    | tee "$log" | grep -v '^fake_libcuda MISUSE'
+  rc=${PIPESTATUS[0]}
+  pass=$(grep -c '^\[ PASS \]' "$log")
+  fail=$(grep -c '^\[ FAIL \]' "$log")
+  runs=$(grep -c '^\[ RUN  \]' "$log")
+  # A case that started and never reported ended the process (sanitizer halt, crash, timeout).
+  crashed=$((runs - pass - fail))
+  if [ "$crashed" -gt 0 ]; then
+    echo "=== $name/$binary: a case did not finish (exit status $rc): counted as failed"
+    fail=$((fail + crashed))
+  fi
+  # A sanitizer report, or a non-zero exit with no failed case (e.g. a leak report at exit).
+  if grep -qE '^(WARNING: ThreadSanitizer|==[0-9]+==ERROR: (Address|Leak)Sanitizer|.*runtime error: )' "$log" \
+      || { [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; }; then
+    [ "$fail" -eq 0 ] && fail=1
+    echo "=== $name/$binary: sanitizer report or abnormal exit (status $rc)"
+  fi
+  [ "$rc" -eq 124 ] && echo "=== $name/$binary: timed out after $run_timeout s"
+  echo "=== $name/$binary: $pass passed, $fail failed in $(( $(date +%s) - t0 )) s (exit status $rc)"
+  total_pass=$((total_pass + pass))
+  total_fail=$((total_fail + fail))
+  { [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ]; } && status=1
+  return 0
 }
 
 total_pass=0
@@ -64,38 +136,7 @@ for name in $builds; do
     continue
   fi
   echo "=== $name: compiled in $(( $(date +%s) - t0 )) s; running"
-  log="$build/$name/test_core.log"
-  t0=$(date +%s)
-  if [ "$name" = tsan ]; then
-    env TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}" \
-      timeout -k 5 "$run_timeout" "$build/$name/test_core" ${filter:+"$filter"} 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-  else
-    env ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}" \
-      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}" \
-      timeout -k 5 "$run_timeout" "$build/$name/test_core" ${filter:+"$filter"} 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-  fi
-  pass=$(grep -c '^\[ PASS \]' "$log")
-  fail=$(grep -c '^\[ FAIL \]' "$log")
-  runs=$(grep -c '^\[ RUN  \]' "$log")
-  # A case that started and never reported ended the process (sanitizer halt, crash, timeout).
-  crashed=$((runs - pass - fail))
-  if [ "$crashed" -gt 0 ]; then
-    echo "=== $name: a case did not finish (exit status $rc): counted as failed"
-    fail=$((fail + crashed))
-  fi
-  # A sanitizer report, or a non-zero exit with no failed case (e.g. a leak report at exit).
-  if grep -qE '^(WARNING: ThreadSanitizer|==[0-9]+==ERROR: (Address|Leak)Sanitizer|.*runtime error: )' "$log" \
-      || { [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; }; then
-    [ "$fail" -eq 0 ] && fail=1
-    echo "=== $name: sanitizer report or abnormal exit (status $rc)"
-  fi
-  [ "$rc" -ne 0 ] && [ "$rc" -eq 124 ] && echo "=== $name: timed out after $run_timeout s"
-  echo "=== $name: $pass passed, $fail failed in $(( $(date +%s) - t0 )) s (exit status $rc)"
-  total_pass=$((total_pass + pass))
-  total_fail=$((total_fail + fail))
-  { [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ]; } && status=1
+  for binary in "${binaries[@]}"; do run_binary "$name" "$binary"; done
 done
 
 echo "=== total time $(( $(date +%s) - start_all )) s"

@@ -1,0 +1,96 @@
+"""What the loader is doing: counters kept natively (always on, a few adds per batch), read by
+Loader.stats() into a small dataclass whose repr is a table."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """Per-batch times of one stage. busy_s: summed over batches (over all threads, so it can
+    exceed wall time); p50_s/p99_s: per batch (within 12.5%)."""
+
+    count: int = 0
+    busy_s: float = 0.0
+    p50_s: float = 0.0
+    p99_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """Counters of the current epoch (since its iter()/split()), and the memory the loader holds.
+
+    - batches, samples, bytes: handed out to the training loop (all devices after split()).
+    - wait_s: time the loop spent inside next() waiting for data; wait_share = wait_s / wall_s,
+      wall_s being the time since iter().
+    - ready_mean: batches already waiting when next() was called (near 0: the loop is waiting
+      for the loader; near prefetch: the loader is ahead).
+    - collation: building each batch (sampling and gathering, on one thread).
+    - copy: per GPU output, from issuing a batch's host-to-device copies until the transfer
+      thread saw them complete (an upper bound on the copy time).
+    - pinned_bytes, device_bytes, host_bytes: memory the loader's pools hold (batches you keep
+      included); host_allocations, device_allocations: buffers allocated so far.
+    """
+
+    epoch: int
+    batches: int
+    samples: int
+    bytes: int
+    wait_s: float
+    wall_s: float
+    ready_mean: float
+    collation: StageStats
+    copy: dict[str, StageStats] = field(default_factory=dict)
+    num_threads: int = 0
+    prefetch: int = 0
+    streams: int = 0
+    pinned_bytes: int = 0
+    device_bytes: int = 0
+    host_bytes: int = 0
+    host_allocations: int = 0
+    device_allocations: int = 0
+
+    @property
+    def wait_share(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @classmethod
+    def _from_native(cls, run: dict[str, Any], memory: dict[str, int]) -> "LoaderStats":
+        return cls(epoch=run["epoch"], batches=run["batches"], samples=run["samples"], bytes=run["bytes"],
+                   wait_s=run["wait_s"], wall_s=run["wall_s"], ready_mean=run["ready_mean"],
+                   collation=StageStats(**run["collation"]),
+                   copy={k: StageStats(**v) for k, v in run["copy"].items()},
+                   num_threads=run["num_threads"], prefetch=run["prefetch"], streams=run["streams"],
+                   pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
+                   host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
+                   device_allocations=memory["device_allocations"])
+
+    def __str__(self) -> str:
+        def ms(s: float) -> str:
+            return f"{s * 1e3:.3f} ms"
+
+        rows = [
+            ("epoch", f"{self.epoch}"),
+            ("handed out", f"{self.batches:,} batches, {self.samples:,} samples, {self.bytes / 1e6:,.1f} MB"),
+            ("throughput", f"{self.samples_per_s:,.0f} samples/s over {self.wall_s:.2f} s"),
+            ("data wait", f"{self.wait_s:.3f} s = {100 * self.wait_share:.1f}% of wall time"),
+            ("ready at next()", f"{self.ready_mean:.2f} batches on average (prefetch {self.prefetch})"),
+            ("collation", f"{self.collation.busy_s:.3f} s busy on {self.num_threads} threads; "
+                          f"p50 {ms(self.collation.p50_s)}, p99 {ms(self.collation.p99_s)} per batch"),
+        ]
+        for device, c in self.copy.items():
+            rows.append((f"copy {device}", f"{c.busy_s:.3f} s; p50 {ms(c.p50_s)}, p99 {ms(c.p99_s)} per batch "
+                                           f"({self.streams} streams)"))
+        rows.append(("memory", f"pinned {self.pinned_bytes / 1e6:,.1f} MB, device {self.device_bytes / 1e6:,.1f} MB, "
+                               f"host {self.host_bytes / 1e6:,.1f} MB"))
+        rows.append(("allocations", f"host {self.host_allocations}, device {self.device_allocations}"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def __repr__(self) -> str:
+        return "LoaderStats(\n" + str(self) + "\n)"

@@ -1,0 +1,96 @@
+"""loader.stats(): each counter against what the test counts itself; the stall hint."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+import fastload as fl
+
+
+def test_counts_match_what_the_loop_saw():
+    x = np.zeros((1000, 3), np.float32)
+    loader = fl.Loader(fl.Dataset({"x": x, "y": np.arange(1000)}), 64, with_index=True, device="cpu", prefetch=4)
+    t0 = time.perf_counter()
+    batches = samples = 0
+    waited = 0.0
+    it = iter(loader)
+    while True:
+        t = time.perf_counter()
+        try:
+            b = next(it)
+        except StopIteration:
+            break
+        waited += time.perf_counter() - t
+        batches += 1
+        samples += len(b["x"])
+    wall = time.perf_counter() - t0
+    s = loader.stats()
+    assert (s.epoch, s.batches, s.samples) == (0, batches, samples) == (0, 16, 1000)
+    assert s.bytes == samples * (3 * 4 + 8 + 8)  # x, y and the index
+    assert 0 < s.wait_s <= waited + 1e-3
+    assert 0 < s.wall_s <= wall + 0.5
+    assert 0 <= s.wait_share <= 1
+    assert 0 <= s.ready_mean <= 4
+    assert s.collation.count == 16 and s.collation.busy_s > 0
+    assert 0 < s.collation.p50_s <= s.collation.p99_s
+    assert s.copy == {}
+    mem = loader._memory()
+    assert (s.host_bytes, s.pinned_bytes, s.device_bytes) == (mem["host_bytes"], 0, 0)
+    assert s.host_allocations == mem["host_allocations"] > 0
+    assert "handed out" in str(s) and "16 batches" in str(s)
+
+
+def test_a_slow_training_step_waits_little_and_finds_batches_ready():
+    loader = fl.Loader(fl.Dataset({"x": np.zeros((400, 8), np.float32)}), 20, device="cpu", prefetch=4)
+    for _ in loader:
+        time.sleep(0.005)  # the "model"
+    s = loader.stats()
+    assert s.wait_share < 0.2, s
+    assert s.ready_mean > 2, s
+
+
+def test_stats_start_again_with_each_epoch_and_before_any():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(100)}), 10, device="cpu")
+    assert loader.stats().batches == 0
+    for _ in loader:
+        pass
+    it = iter(loader)
+    next(it)
+    s = loader.stats()
+    assert (s.epoch, s.batches, s.samples) == (1, 1, 10)
+
+
+def test_the_stall_hint_is_logged_once_and_names_a_knob(caplog):
+    # One collation thread gathering 16 MiB batches from beyond the caches (milliseconds each),
+    # a training step of ~0.1 ms: the loop waits most of the time, and the collation thread is
+    # busy nearly all the time, so the hint names num_threads.
+    tokens = np.ones(80 << 20, np.uint8)
+    loader = fl.Loader(fl.Windows(tokens, length=1 << 20, stride=16 << 10), 16, shuffle=True, device="cpu",
+                       num_threads=1, prefetch=8)
+    assert len(loader) > 256
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        for _ in range(2):
+            for _b in loader:
+                time.sleep(0.0001)
+    hints = [r for r in caplog.records if r.name == "fastload"]
+    assert len(hints) == 1, [r.getMessage() for r in hints]
+    message = hints[0].getMessage()
+    assert "waited for data" in message and "num_threads" in message, message
+
+
+def test_no_hint_when_the_loop_is_the_bottleneck(caplog):
+    loader = fl.Loader(fl.Dataset({"x": np.zeros((600, 8), np.float32)}), 2, device="cpu", prefetch=8)
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        for _ in loader:
+            time.sleep(0.0005)
+    assert not [r for r in caplog.records if r.name == "fastload"]
+
+
+def test_stats_repr_is_a_table():
+    loader = fl.Loader(fl.Dataset({"x": np.arange(10)}), 5, device="cpu")
+    list(loader)
+    text = repr(loader.stats())
+    assert text.startswith("LoaderStats(") and "data wait" in text and "collation" in text

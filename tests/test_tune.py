@@ -1,0 +1,181 @@
+"""`python -m fastload tune` and fl.tune(): the grid is measured, the table and the Loader
+arguments are printed, JSON and plots are written, and bad arguments are refused by name."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload import _tune
+
+# Tiny grids and short measurements: these tests check behaviour, not speed.
+FAST = ["--seconds", "0.05", "--repeats", "2", "--threads", "1,2", "--prefetch", "2,4"]
+
+
+@pytest.fixture(scope="module")
+def npy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tune") / "rows.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 255, (4096, 32), dtype=np.uint8))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tune") / "train.bin"
+    np.random.default_rng(0).integers(0, 50_000, 20_000, dtype=np.uint16).tofile(path)
+    return path
+
+
+def run_tune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fastload", "tune", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The command in this process (no torch import per call): (exit status, stdout, stderr)."""
+    try:
+        code = _tune.main(list(args))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_on_a_npy_prints_the_table_and_the_arguments_and_writes_json(npy: Path, tmp_path: Path) -> None:
+    out_json = tmp_path / "tune.json"
+    done = run_tune(str(npy), "--batch-size", "64", *FAST, "--json", str(out_json))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["threads", "prefetch", "samples/s"])
+    rows = [line.split() for line in lines[header + 1:header + 5]]
+    assert [(r[0], r[1]) for r in rows] == [("1", "2"), ("1", "4"), ("2", "2"), ("2", "4")]
+    assert "recommended:" in done.stdout and "fastest:" in done.stdout
+    assert "fl.Loader(source, batch_size=64, num_threads=" in done.stdout
+    assert "round 2/2 done" in done.stderr  # progress, one line per round when not a terminal
+    assert "waited for data" not in done.stderr  # tune keeps the stall hint quiet
+
+    data = json.loads(out_json.read_text())
+    assert data["args"]["batch_size"] == 64
+    assert {(r["num_threads"], r["prefetch"]) for r in data["rows"]} == {(1, 2), (1, 4), (2, 2), (2, 4)}
+    assert all(len(r["rounds"]) == 2 and r["samples_per_s"] > 0 and 0 <= r["wait_share"] <= 1 for r in data["rows"])
+    rec = data["recommended"]
+    assert (data["args"]["num_threads"], data["args"]["prefetch"]) == (rec["num_threads"], rec["prefetch"])
+    assert data["loader_call"].startswith("fl.Loader(source, batch_size=64")
+
+
+def test_cli_on_a_token_bin_with_a_window(tokens: Path) -> None:
+    done = run_tune(str(tokens), "--window", "33:32", "--dtype", "uint16", "--batch-size", "16", "--seconds", "0.05",
+                    "--repeats", "1", "--threads", "1", "--prefetch", "2,8", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "624 samples of 66 B" in done.stdout  # (20000 - 33) // 32 + 1 windows of 33 uint16
+    assert "fl.Loader(source, batch_size=16, num_threads=1, prefetch=" in done.stdout
+    assert done.stderr == ""
+
+
+def test_plot_writes_a_png_or_says_matplotlib_is_missing(npy: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "tune.png"
+    code, out, err = cli(capsys, str(npy), "--batch-size", "64", *FAST, "--no-progress", "--plot", str(png))
+    if _tune.matplotlib_missing():
+        assert code == 2 and "--plot" in err and "pip install matplotlib" in err
+        assert not png.exists()
+    else:
+        assert code == 0, err
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {png}" in out
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--threads", "1,x"], "argument --threads"),
+    (["--threads", "0"], "argument --threads"),
+    (["--prefetch", ""], "argument --prefetch"),
+    (["--window", "0"], "argument --window"),
+    (["--window", "8:4:2"], "argument --window"),
+    (["--seconds", "-1"], "argument --seconds"),
+    (["--repeats", "0"], "argument --repeats"),
+    (["--dtype", "float32"], "argument --dtype"),
+    (["--streams", "2"], "--streams"),          # no GPU on the CPU path
+    (["--device", "tpu"], "--device"),
+])
+def test_bad_arguments_are_named(npy: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str) -> None:
+    if args[0] == "--streams" and fl.Loader(fl.Dataset({"x": np.zeros(4)}), 1).device.type == "cuda":
+        pytest.skip("streams apply on a GPU machine")
+    code, _, err = cli(capsys, str(npy), "--batch-size", "8", *args)
+    assert code == 2 and named in err, err
+
+
+def test_bad_sources_are_explained(npy: Path, tokens: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = cli(capsys, "--batch-size", "8")
+    assert code == 2 and "SOURCE" in err
+    code, _, err = cli(capsys, str(npy))
+    assert code == 2 and "--batch-size" in err
+    code, _, err = cli(capsys, str(tmp_path / "missing.npy"), "--batch-size", "8")
+    assert code == 2 and "no such file" in err
+    code, _, err = cli(capsys, str(tokens), "--batch-size", "8")
+    assert code == 2 and "--window" in err
+    code, _, err = cli(capsys, str(npy), "--batch-size", "8", "--dtype", "uint16")
+    assert code == 2 and "--dtype" in err and ".npy" in err
+    code, _, err = cli(capsys, str(npy), "--batch-size", "8", "--window", "4")
+    assert code == 2 and "1-D" in err
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\0" * 101)
+    code, _, err = cli(capsys, str(odd), "--batch-size", "8", "--window", "4")
+    assert code == 2 and "uint16" in err
+
+
+def test_a_directory_needs_dataset_open(tmp_path: Path) -> None:
+    if hasattr(fl.Dataset, "open"):
+        pytest.skip("fl.Dataset.open exists: directories are read by it (tested with it)")
+    with pytest.raises(ValueError, match="fl.Dataset.open"):
+        fl.tune(tmp_path, batch_size=8)
+
+
+def test_tune_returns_arguments_that_construct_a_loader() -> None:
+    x = np.random.default_rng(0).standard_normal((2000, 8)).astype(np.float32)
+    source = fl.Dataset({"x": x})
+    result = fl.tune(source, batch_size=32, threads=[1, 2], prefetch=[2, 4], seconds=0.05, repeats=2, progress=False)
+    assert isinstance(result, fl.TuneResult)
+    assert len(result.rows) == 4 and all(len(r.rounds) == 2 for r in result.rows)
+    assert result.recommended in result.rows and result.fastest in result.rows
+    assert result.args == {"batch_size": 32, "num_threads": result.recommended.num_threads,
+                           "prefetch": result.recommended.prefetch}
+    with fl.Loader(source, **result.args) as loader:
+        assert next(iter(loader))["x"].shape == (32, 8)
+    text = str(result)
+    assert "threads" in text and result.loader_call() in text
+    # A numpy array and windows over it work as sources too.
+    tokens = np.arange(5000, dtype=np.uint16)
+    windows = fl.tune(tokens, batch_size=8, window=(65, 64), threads=1, prefetch=2, seconds=0.05, repeats=1,
+                      progress=False)
+    assert windows.row_bytes == 130 and windows.rows[0].samples_per_s > 0
+
+
+def test_tune_checks_its_arguments() -> None:
+    x = np.zeros((100, 4), np.float32)
+    with pytest.raises(ValueError, match="batch_size"):
+        fl.tune(x, batch_size=0)
+    with pytest.raises(ValueError, match="threads"):
+        fl.tune(x, batch_size=4, threads=[0])
+    with pytest.raises(ValueError, match="repeats"):
+        fl.tune(x, batch_size=4, repeats=0)
+    with pytest.raises(ValueError, match="seconds"):
+        fl.tune(x, batch_size=4, seconds=float("nan"))
+    with pytest.raises(TypeError, match="source"):
+        fl.tune([1, 2, 3], batch_size=4)
+
+
+def test_recommendation_prefers_fewer_threads_then_smaller_prefetch_within_3_percent() -> None:
+    def point(t: int, p: int, rate: float) -> fl.TunePoint:
+        return fl.TunePoint(t, p, 1, rate, 0.5, (rate,))
+
+    rows = [point(1, 2, 90.0), point(1, 8, 97.5), point(1, 16, 97.2), point(2, 4, 100.0), point(2, 2, 99.0)]
+    fastest, recommended = _tune.recommend(rows)
+    assert fastest.knobs == (2, 4, 1)
+    assert recommended.knobs == (1, 8, 1)  # 97.5 and 97.2 are both within 3%; prefetch 8 < 16
+    fastest, recommended = _tune.recommend([point(1, 2, 90.0), point(2, 2, 100.0)])
+    assert recommended.knobs == fastest.knobs == (2, 2, 1)
