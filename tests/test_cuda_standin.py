@@ -375,6 +375,29 @@ def test_the_loader_counts_what_the_driver_counts(driver):
     assert driver.fake_cuda_stat(b"device_bytes") == before[1]  # close frees what no batch holds
 
 
+def test_dataset_directory_with_a_ragged_column_on_the_device(driver, tmp_path):
+    # A ragged column is two parts (padded slots, then lengths): both are copied like any part.
+    rng = np.random.default_rng(2)
+    rows = [rng.integers(0, 1000, int(rng.integers(0, 12))).astype(np.int32) for _ in range(700)]
+    x = rng.standard_normal((700, 3)).astype(np.float32)
+    fl.write_dataset(tmp_path / "d", {"x": x, "r": rows}, rows_per_shard=128)
+    loader = gpu_loader(fl.Dataset.open(tmp_path / "d", pad=-1), 64, shuffle=True, with_index=True, streams=2)
+    width = max(len(r) for r in rows)
+    n = 0
+    for batch in loader:
+        ids = read(batch["index"], np.int64)
+        np.testing.assert_array_equal(read(batch["x"], np.float32), x[ids])
+        lengths = read(batch["r_lengths"], np.int64)
+        slots = read(batch["r"], np.int32)
+        assert slots.shape == (len(ids), width)
+        for row, length, k in zip(slots, lengths, ids):
+            assert length == len(rows[k])
+            np.testing.assert_array_equal(row[:length], rows[k])
+            assert (row[length:] == -1).all()
+        n += len(ids)
+    assert n == 700
+
+
 def test_stats_count_the_copies_of_each_device(driver):
     loader = gpu_loader(fl.Dataset({"x": np.zeros((1000, 64), np.float32)}), 50, streams=2)
     its = loader.split(["cuda:0", "cuda:1"])

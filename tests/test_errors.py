@@ -73,7 +73,8 @@ def test_loader_rejects_a_non_source():
     ((np.arange(10, dtype=np.uint16),), dict(length=11), ValueError, r"length must be at most the number of tokens \(10\), got 11"),
     ((np.arange(10, dtype=np.uint16),), dict(length=0), ValueError, "length must be positive, got 0"),
     ((np.arange(10, dtype=np.uint16),), dict(length=4, stride=0), ValueError, "stride must be positive, got 0"),
-    ((np.zeros((4, 4), np.uint16),), dict(length=2), ValueError, "tokens must be 1-D"),
+    # N-D arrays are time series (windows along the first axis) but need contiguous rows.
+    ((np.zeros((8, 4), np.uint16)[::2],), dict(length=2), ValueError, "tokens must be contiguous along the first axis"),
     ((np.arange(20, dtype=np.uint16)[::2],), dict(length=2), ValueError, "tokens must be contiguous"),
     ((np.array(["a"] * 4),), dict(length=2), TypeError, "unsupported dtype"),
 ])

@@ -368,7 +368,7 @@ BAD_SOURCES = [
     (lambda: fl.Dataset([np.arange(3)]), "columns"),
     (lambda: fl.Dataset({}), "columns"),
     (lambda: fl.Dataset({3: np.arange(3)}), "names"),
-    (lambda: fl.Windows(np.zeros((4, 4), np.uint16), 2), "tokens"),
+    (lambda: fl.Windows(np.zeros((8, 4), np.uint16)[::2], 2), "tokens"),  # N-D is fine, a gap between rows is not
     (lambda: fl.Windows(np.arange(20, dtype=np.uint16)[::2], 2), "tokens"),
     (lambda: fl.Windows(np.ma.masked_array(np.arange(20)), 2), "tokens"),
     (lambda: fl.Windows(np.array(["a"] * 5), 2), "tokens"),

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -113,7 +114,10 @@ class PyEngine {
       : prefetch_(prefetch), streams_(streams) {
     std::vector<ColumnSpec> specs;
     for (const py::handle& h : columns) {
-      // (name, owner, address, rows, pitch, row_bytes, dtype_code, dtype_bits, row_shape)
+      // (name, owner, address, rows, pitch, row_bytes, dtype_code, dtype_bits, row_shape
+      //  [, shards, ragged]); shards: ((address, rows, pitch, offsets_address, items), ...) for
+      // a column of several arrays (the owner keeps them all alive); ragged: () or
+      // (item_bytes, pad element bytes), row_bytes then being the padded slot.
       py::tuple t = py::reinterpret_borrow<py::tuple>(h);
       ColumnSpec s;
       s.name = t[0].cast<std::string>();
@@ -122,9 +126,28 @@ class PyEngine {
       s.rows = t[3].cast<int64_t>();
       s.pitch = t[4].cast<int64_t>();
       s.row_bytes = t[5].cast<int64_t>();
+      if (t.size() > 10 && py::len(t[10]) > 0) {
+        py::tuple ragged = py::reinterpret_borrow<py::tuple>(t[10]);
+        s.ragged = true;
+        s.item_bytes = ragged[0].cast<int64_t>();
+        const std::string pad = ragged[1].cast<std::string>();
+        s.pad.resize(pad.size());
+        std::memcpy(s.pad.data(), pad.data(), pad.size());
+      }
+      if (t.size() > 9 && (py::len(t[9]) > 0 || s.ragged)) {
+        std::vector<Shard> shards;
+        for (const py::handle& sh : t[9]) {
+          py::tuple u = py::reinterpret_borrow<py::tuple>(sh);
+          shards.push_back({reinterpret_cast<const std::byte*>(u[0].cast<uintptr_t>()), u[1].cast<int64_t>(),
+                            u[2].cast<int64_t>(), reinterpret_cast<const int64_t*>(u[3].cast<uintptr_t>()),
+                            u[4].cast<int64_t>()});
+        }
+        set_shards(s, std::move(shards));
+      }
       specs.push_back(s);
       meta_.push_back({s.name, {t[6].cast<uint8_t>(), t[7].cast<uint8_t>()},
                        t[8].cast<std::vector<int64_t>>()});
+      if (s.ragged) meta_.push_back({s.name + "_lengths", {0, 64}, {}});
     }
     if (streams <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams));
     EngineOptions o;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "bindings/loader_binding.h"
+#include "bindings/without_gil.h"
+#include "core/checksum.h"
 #include "core/engine.h"
 #include "core/sampler.h"
 
@@ -161,4 +164,22 @@ PYBIND11_MODULE(_C, m) {
            py::arg("epoch"), py::arg("first"), py::arg("count"));
 
   bind_loader(m);
+
+  // The dataset writer's and verify()'s shard checksum; update() reads a contiguous buffer with
+  // the GIL released.
+  py::class_<Checksum64>(m, "Checksum64")
+      .def(py::init<>())
+      .def("update",
+           [](Checksum64& c, const py::buffer& b) {
+             const py::buffer_info info = b.request();
+             if (info.ndim > 1 && info.strides.back() != info.itemsize)
+               throw std::invalid_argument("Checksum64.update needs a contiguous buffer");
+             const size_t bytes = static_cast<size_t>(info.size * info.itemsize);
+             without_gil([&] { c.update(info.ptr, bytes); });
+           })
+      .def("hexdigest", [](const Checksum64& c) {
+        char out[17];
+        std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(c.digest()));
+        return std::string(out);
+      });
 }

@@ -1,9 +1,14 @@
 // The gather hot loop. Random rows miss the cache, so the loop prefetches rows a few ids ahead
 // (memory-level parallelism), the batch's first rows before it starts, and copies common fixed
-// sizes with inlined moves instead of calls.
+// sizes with inlined moves instead of calls. The loops take the row address as a function of
+// the batch position: a strided column computes it inline (the single-array fast path), a
+// sharded one reads it from a block of addresses resolved just before.
 #include "core/gather.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
@@ -20,14 +25,26 @@ inline void prefetch_row(const std::byte* p, int64_t bytes) {
   for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(p + l * kLine, 0, 0);
 }
 
-template <int64_t kBytes>
-void gather_fixed(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
-  const std::byte* base = col.base;
-  const int64_t pitch = col.pitch;
-  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(base + ids[i] * pitch, kBytes);
+// Row i of the batch in a strided column.
+struct Strided {
+  const std::byte* base;
+  int64_t pitch;
+  const int64_t* ids;
+  const std::byte* operator()(int64_t i) const { return base + ids[i] * pitch; }
+};
+
+// Row i of the batch from addresses resolved ahead (a sharded column).
+struct Resolved {
+  const std::byte* const* rows;
+  const std::byte* operator()(int64_t i) const { return rows[i]; }
+};
+
+template <int64_t kBytes, typename RowAt>
+void gather_fixed(RowAt row, int64_t count, std::byte* dst) {
+  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(row(i), kBytes);
   for (int64_t i = 0; i < count; ++i) {
-    if (i + kPrefetchAhead < count) prefetch_row(base + ids[i + kPrefetchAhead] * pitch, kBytes);
-    std::memcpy(dst + i * kBytes, base + ids[i] * pitch, kBytes);
+    if (i + kPrefetchAhead < count) prefetch_row(row(i + kPrefetchAhead), kBytes);
+    std::memcpy(dst + i * kBytes, row(i), kBytes);
   }
 }
 
@@ -54,48 +71,232 @@ void copy_streaming(std::byte* dst, const std::byte* src, int64_t bytes) {
   std::memcpy(dst + i, src + i, static_cast<size_t>(bytes - i));
 }
 
-void gather_streaming(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
-  const std::byte* base = col.base;
-  const int64_t pitch = col.pitch, bytes = col.row_bytes;
+template <typename RowAt>
+void gather_streaming(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
   for (int64_t i = 0; i < count; ++i) {
-    if (i + 1 < count) prefetch_row(base + ids[i + 1] * pitch, bytes);
-    copy_streaming(dst + i * bytes, base + ids[i] * pitch, bytes);
+    if (i + 1 < count) prefetch_row(row(i + 1), bytes);
+    copy_streaming(dst + i * bytes, row(i), bytes);
   }
   // Streaming stores are weakly ordered: make them visible before the batch is published.
   _mm_sfence();
 }
 #endif
 
-void gather_any(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
-  const std::byte* base = col.base;
-  const int64_t pitch = col.pitch, bytes = col.row_bytes;
-  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(base + ids[i] * pitch, bytes);
+template <typename RowAt>
+void gather_any(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
+  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(row(i), bytes);
   for (int64_t i = 0; i < count; ++i) {
-    if (i + kPrefetchAhead < count) prefetch_row(base + ids[i + kPrefetchAhead] * pitch, bytes);
-    std::memcpy(dst + i * bytes, base + ids[i] * pitch, static_cast<size_t>(bytes));
+    if (i + kPrefetchAhead < count) prefetch_row(row(i + kPrefetchAhead), bytes);
+    std::memcpy(dst + i * bytes, row(i), static_cast<size_t>(bytes));
   }
+}
+
+template <typename RowAt>
+void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
+  switch (bytes) {
+    case 1: return gather_fixed<1>(row, count, dst);
+    case 2: return gather_fixed<2>(row, count, dst);
+    case 4: return gather_fixed<4>(row, count, dst);
+    case 8: return gather_fixed<8>(row, count, dst);
+    case 16: return gather_fixed<16>(row, count, dst);
+    case 32: return gather_fixed<32>(row, count, dst);
+    case 64: return gather_fixed<64>(row, count, dst);
+    case 128: return gather_fixed<128>(row, count, dst);
+    case 256: return gather_fixed<256>(row, count, dst);
+    case 512: return gather_fixed<512>(row, count, dst);
+    case 1024: return gather_fixed<1024>(row, count, dst);
+    case 2048: return gather_fixed<2048>(row, count, dst);
+    default:
+#if defined(__x86_64__)
+      if (bytes >= kStreamingRowBytes) return gather_streaming(row, bytes, count, dst);
+#endif
+      return gather_any(row, bytes, count, dst);
+  }
+}
+
+// Sharded columns resolve this many ids to addresses at a time (on the stack), then copy them.
+constexpr int64_t kBlock = 256;
+
+// Buckets of 2^shift samples, each knowing the shard of its first sample; a lookup then steps
+// over the shard ends inside its bucket (branch-free, a fixed count: the most any bucket has).
+// The widest buckets whose walks are at most kMaxWalk, within a table of a few entries per shard.
+void build_buckets(ColumnSpec& col) {
+  constexpr int kMaxWalk = 2;
+  const size_t n = col.shards.size();
+  const int64_t rows = col.rows;
+  if (rows <= 0 || n > std::numeric_limits<uint32_t>::max()) return;
+  const size_t limit = 4 * n + 64;
+  const int64_t* ends = col.starts.data() + 1;
+  int shift = 62;
+  while (shift > 0 && (int64_t{1} << shift) > rows / static_cast<int64_t>(n)) --shift;
+  for (; shift >= 0; --shift) {
+    const size_t count = static_cast<size_t>((rows - 1) >> shift) + 1;
+    if (count > limit) return;  // too uneven: binary search
+    std::vector<uint32_t> table(count);
+    int walk = 0;
+    size_t s = 0;
+    for (size_t b = 0; b < count; ++b) {
+      const int64_t first = static_cast<int64_t>(b) << shift;
+      const int64_t last = std::min(rows, first + (int64_t{1} << shift)) - 1;
+      while (ends[s] <= first) ++s;
+      table[b] = static_cast<uint32_t>(s);
+      size_t e = s;
+      while (ends[e] <= last) ++e;
+      walk = std::max(walk, static_cast<int>(e - s));
+    }
+    if (walk <= kMaxWalk) {
+      col.buckets = std::move(table);
+      col.bucket_shift = shift;
+      col.bucket_walk = walk;
+      return;
+    }
+  }
+}
+
+// The shard holding sample `id`: the number of shard ends at or before it. A branch-free binary
+// search (conditional moves): shuffled ids would mispredict nearly every branch of std::upper_bound,
+// which costs more than the few cache-resident loads of the search itself. Empty shards (equal
+// ends) are stepped over.
+inline size_t find_shard(const ColumnSpec& col, int64_t id) {
+  const int64_t* ends = col.starts.data() + 1;
+  if (!col.buckets.empty()) {
+    size_t s = col.buckets[static_cast<size_t>(id >> col.bucket_shift)];
+    for (int j = 0; j < col.bucket_walk; ++j) s += ends[s] <= id ? 1 : 0;
+    return s;
+  }
+  const int64_t* base = ends;
+  size_t n = col.shards.size();
+  while (n > 1) {
+    const size_t half = n / 2;
+    base = base[half] <= id ? base + half : base;
+    n -= half;
+  }
+  return static_cast<size_t>(base - ends) + (*base <= id ? 1 : 0);
+}
+
+void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
+  if (bytes <= 0) return;
+  const size_t n = pad.size();
+  if (std::all_of(pad.begin(), pad.end(), [&](std::byte b) { return b == pad[0]; })) {
+    std::memset(p, static_cast<int>(pad[0]), static_cast<size_t>(bytes));
+    return;
+  }
+  for (int64_t k = 0; k < bytes; k += static_cast<int64_t>(n)) std::memcpy(p + k, pad.data(), n);
+}
+
+[[noreturn]] void bad_offsets(const ColumnSpec& col, size_t shard, int64_t row, int64_t a, int64_t b, int64_t items) {
+  throw std::invalid_argument("ragged column " + col.name + ": row " + std::to_string(row) + " of shard " +
+                              std::to_string(col.shard_index[shard]) + " has offsets [" + std::to_string(a) + ", " +
+                              std::to_string(b) + ") outside its " + std::to_string(items) +
+                              " values (a corrupt offsets file?)");
 }
 }  // namespace
 
+void set_shards(ColumnSpec& col, std::vector<Shard> shards) {
+  const std::string what = "column " + col.name + ": ";
+  if (col.row_bytes < 0) throw std::invalid_argument(what + "negative row bytes");
+  if (col.ragged) {
+    if (col.item_bytes <= 0 || col.row_bytes % col.item_bytes != 0)
+      throw std::invalid_argument(what + "ragged slot of " + std::to_string(col.row_bytes) +
+                                  " bytes is not a whole number of " + std::to_string(col.item_bytes) + "-byte items");
+    if (col.pad.empty() || col.item_bytes % static_cast<int64_t>(col.pad.size()) != 0)
+      throw std::invalid_argument(what + "pad value of " + std::to_string(col.pad.size()) +
+                                  " bytes does not divide an item of " + std::to_string(col.item_bytes));
+  }
+  std::vector<int64_t> starts{0};
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const Shard& sh = shards[s];
+    const std::string which = what + "shard " + std::to_string(s) + " ";
+    if (sh.rows < 0 || sh.pitch < 0) throw std::invalid_argument(which + "has negative rows or pitch");
+    if (sh.rows > std::numeric_limits<int64_t>::max() - starts.back())
+      throw std::invalid_argument(what + "the shards' rows overflow");
+    if (col.ragged) {
+      if (sh.pitch != col.item_bytes)
+        throw std::invalid_argument(which + "values are not contiguous items of " + std::to_string(col.item_bytes) + " bytes");
+      if (sh.items < 0 || (sh.rows > 0 && !sh.offsets)) throw std::invalid_argument(which + "has no offsets");
+    }
+    if (sh.rows > 0 && !sh.base && (col.ragged ? sh.items > 0 : col.row_bytes > 0))
+      throw std::invalid_argument(which + "has no data");
+    starts.push_back(starts.back() + sh.rows);
+  }
+  if (shards.empty() && col.ragged) throw std::invalid_argument(what + "a ragged column needs a shard");
+  col.rows = starts.back();
+  // Shards without samples are never looked up: dropping them keeps the buckets' walks short.
+  std::vector<Shard> kept;
+  std::vector<int64_t> index;
+  for (size_t s = 0; s < shards.size(); ++s)
+    if (shards[s].rows > 0) {
+      kept.push_back(shards[s]);
+      index.push_back(static_cast<int64_t>(s));
+    }
+  if (kept.empty()) {  // no samples at all: keep the first shard so the column stays well-formed
+    kept.push_back(shards.empty() ? Shard{} : shards[0]);
+    index.push_back(0);
+  }
+  col.shards.clear();
+  col.starts.clear();
+  col.shard_index.clear();
+  col.buckets.clear();
+  if (kept.size() == 1 && !col.ragged) {
+    // One shard is a strided column: keep the fast path.
+    col.base = kept[0].base;
+    col.pitch = kept[0].pitch;
+    return;
+  }
+  col.starts.assign(1, 0);
+  for (const Shard& sh : kept) col.starts.push_back(col.starts.back() + sh.rows);
+  col.shards = std::move(kept);
+  col.shard_index = std::move(index);
+  build_buckets(col);
+}
+
 void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
-  switch (col.row_bytes) {
-    case 1: return gather_fixed<1>(col, ids, count, dst);
-    case 2: return gather_fixed<2>(col, ids, count, dst);
-    case 4: return gather_fixed<4>(col, ids, count, dst);
-    case 8: return gather_fixed<8>(col, ids, count, dst);
-    case 16: return gather_fixed<16>(col, ids, count, dst);
-    case 32: return gather_fixed<32>(col, ids, count, dst);
-    case 64: return gather_fixed<64>(col, ids, count, dst);
-    case 128: return gather_fixed<128>(col, ids, count, dst);
-    case 256: return gather_fixed<256>(col, ids, count, dst);
-    case 512: return gather_fixed<512>(col, ids, count, dst);
-    case 1024: return gather_fixed<1024>(col, ids, count, dst);
-    case 2048: return gather_fixed<2048>(col, ids, count, dst);
-    default:
-#if defined(__x86_64__)
-      if (col.row_bytes >= kStreamingRowBytes) return gather_streaming(col, ids, count, dst);
-#endif
-      return gather_any(col, ids, count, dst);
+  if (!col.sharded()) return gather_with(Strided{col.base, col.pitch, ids}, col.row_bytes, count, dst);
+  const std::byte* rows[kBlock];
+  for (int64_t b = 0; b < count; b += kBlock) {
+    const int64_t n = std::min(kBlock, count - b);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids[b + i];
+      const size_t s = find_shard(col, id);
+      const Shard& sh = col.shards[s];
+      rows[i] = sh.base + (id - col.starts[s]) * sh.pitch;
+    }
+    gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes);
+  }
+}
+
+void gather_ragged(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst,
+                   int64_t* lengths) {
+  // Three passes per block so that the misses of each overlap: find the rows and prefetch their
+  // offsets, read the offsets and prefetch the items, copy and pad.
+  constexpr int64_t kRaggedBlock = 64;
+  const int64_t item = col.item_bytes, slot = col.row_bytes, cap = col.max_items();
+  size_t shard[kRaggedBlock];
+  int64_t row[kRaggedBlock], items[kRaggedBlock];
+  const std::byte* src[kRaggedBlock];
+  for (int64_t b = 0; b < count; b += kRaggedBlock) {
+    const int64_t n = std::min(kRaggedBlock, count - b);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t s = find_shard(col, ids[b + i]);
+      shard[i] = s;
+      row[i] = ids[b + i] - col.starts[s];
+      __builtin_prefetch(col.shards[s].offsets + row[i], 0, 0);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const Shard& sh = col.shards[shard[i]];
+      const int64_t first = sh.offsets[row[i]], end = sh.offsets[row[i] + 1];
+      if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
+      items[i] = std::min(end - first, cap);
+      src[i] = sh.base + first * item;
+      prefetch_row(src[i], items[i] * item);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      std::byte* out = dst + (b + i) * slot;
+      const int64_t bytes = items[i] * item;
+      if (bytes) std::memcpy(out, src[i], static_cast<size_t>(bytes));
+      fill_pad(out + bytes, slot - bytes, col.pad);
+      lengths[b + i] = items[i];
+    }
   }
 }
 

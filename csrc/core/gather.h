@@ -1,22 +1,66 @@
-// Row gathering: copies the rows named by sample ids from a column into a contiguous batch.
+// Row gathering: copies the rows named by sample ids from a column into a contiguous batch. A
+// column is one strided array, or a table of shards (many files are one column), and its rows
+// are fixed-size or ragged (a padded slot plus a length).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fastload {
 
-// A column as the core sees it: sample i is row_bytes bytes at base + i * pitch. A dataset column
-// has pitch == row_bytes; a Windows source has pitch = stride * itemsize and overlapping rows.
+// One contiguous piece of a column. Fixed rows: row r is row_bytes at base + r * pitch. Ragged
+// rows: row r is items [offsets[r], offsets[r + 1]) of the shard's values, item k at
+// base + k * pitch; `items` bounds the offsets (they come from files and are checked per row).
+struct Shard {
+  const std::byte* base = nullptr;
+  int64_t rows = 0;
+  int64_t pitch = 0;
+  const int64_t* offsets = nullptr;  // ragged only: rows + 1 entries
+  int64_t items = 0;                 // ragged only
+};
+
+// A column as the core sees it. With no shard table, sample i is row_bytes bytes at
+// base + i * pitch (a dataset column has pitch == row_bytes; a Windows source has
+// pitch = stride * itemsize and overlapping rows). With one (set_shards), sample i is row
+// i - starts[s] of the shard s with starts[s] <= i < starts[s + 1]: every collation thread reads
+// the same table, and finds s from a bucket table of O(shards) entries (the shard of every
+// 2^bucket_shift-th sample, then at most bucket_walk steps), or by a binary search when shard
+// sizes are too uneven for that; never a per-sample index.
 struct ColumnSpec {
   std::string name;
   const std::byte* base = nullptr;
   int64_t rows = 0;
   int64_t pitch = 0;
-  int64_t row_bytes = 0;
+  int64_t row_bytes = 0;  // ragged: the padded slot, max_items * item_bytes
+  std::vector<Shard> shards;
+  std::vector<int64_t> starts;  // shards.size() + 1 entries; starts.back() == rows
+  std::vector<int64_t> shard_index;  // each shard's place in the list given (empty ones are dropped)
+  std::vector<uint32_t> buckets;     // empty: binary search
+  int bucket_shift = 0, bucket_walk = 0;
+  // Ragged: the batch gets the slot part and an int64 lengths part (items written per row).
+  bool ragged = false;
+  int64_t item_bytes = 0;
+  std::vector<std::byte> pad;  // one element's bytes, repeated over a slot past the row's end
+
+  bool sharded() const { return !shards.empty(); }
+  int64_t max_items() const { return ragged && item_bytes ? row_bytes / item_bytes : 0; }
+  // Batch parts this column fills: its rows, and for a ragged column the lengths after them.
+  int num_parts() const { return ragged ? 2 : 1; }
 };
 
-// dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows).
+// Installs a shard table (rows becomes the sum of shard rows). A ragged column needs one, with
+// item_bytes, pad (dividing item_bytes) and row_bytes a multiple of item_bytes set before.
+// Throws std::invalid_argument naming the column on a bad table.
+void set_shards(ColumnSpec& col, std::vector<Shard> shards);
+
+// dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows). Not for ragged columns.
 void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst);
+
+// A ragged column: slot i of dst holds row ids[i]'s items, cut at max_items() and padded;
+// lengths[i] the items written. Throws std::invalid_argument if a row's offsets fall outside its
+// shard's values (a corrupt file), naming the column, shard and row.
+void gather_ragged(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst,
+                   int64_t* lengths);
 
 }  // namespace fastload

@@ -13,7 +13,9 @@ BatchLayout::BatchLayout(std::vector<ColumnSpec> cols, bool index, bool valid, i
   if (rows <= 0) throw std::invalid_argument("batch rows must be positive, got " + std::to_string(rows));
   for (const ColumnSpec& c : columns) {
     if (c.row_bytes < 0) throw std::invalid_argument("column " + c.name + " has negative row bytes");
+    column_part.push_back(static_cast<int>(part_row_bytes.size()));
     part_row_bytes.push_back(static_cast<size_t>(c.row_bytes));
+    if (c.ragged) part_row_bytes.push_back(sizeof(int64_t));  // its lengths
   }
   if (with_index) {
     index_part = static_cast<int>(part_row_bytes.size());
@@ -169,8 +171,15 @@ void Pipeline::build(int output, int64_t step, std::vector<int64_t>& ids_scratch
                               : ids_scratch.data();
   bool* valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
   plan.fill_ids(span, ids, valid);
-  for (size_t c = 0; c < L.columns.size(); ++c)
-    gather_rows(L.columns[c], ids, span.count, batch->parts[c]->data());
+  for (size_t c = 0; c < L.columns.size(); ++c) {
+    const ColumnSpec& col = L.columns[c];
+    const size_t p = static_cast<size_t>(L.column_part[c]);
+    if (col.ragged)
+      gather_ragged(col, ids, span.count, batch->parts[p]->data(),
+                    reinterpret_cast<int64_t*>(batch->parts[p + 1]->data()));
+    else
+      gather_rows(col, ids, span.count, batch->parts[p]->data());
+  }
 }
 
 void Pipeline::work() {

@@ -20,9 +20,11 @@
 namespace fastload {
 
 // The parts of a batch, each in its own buffer so that a user who keeps one column keeps only
-// that column's memory: the columns in order, then the int64 sample ids, then the bool valid mask.
+// that column's memory: the columns in order (a ragged column is two parts: its padded slots,
+// then its int64 lengths), then the int64 sample ids, then the bool valid mask.
 struct BatchLayout {
   std::vector<ColumnSpec> columns;
+  std::vector<int> column_part;  // the first part of each column
   bool with_index = false;
   bool with_valid = false;
   int64_t max_rows = 0;

@@ -1,10 +1,14 @@
 """fastload: a data loader for PyTorch whose sampling, collation and transfers run in C++."""
 from ._dataset import Dataset, Windows
+from ._disk import DatasetError, DiskDataset
 from ._loader import Loader, LoaderIterator
+from ._ragged import Ragged
 from ._state import STATE_VERSION
 from ._stats import LoaderStats, StageStats
 from ._tune import TunePoint, TuneResult, tune
+from ._writer import DatasetWriter, write_dataset
 
 __version__ = "0.1.0"
-__all__ = ["Dataset", "Windows", "Loader", "LoaderIterator", "LoaderStats", "StageStats", "STATE_VERSION",
+__all__ = ["Dataset", "Windows", "Ragged", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
+           "Loader", "LoaderIterator", "LoaderStats", "StageStats", "STATE_VERSION",
            "tune", "TuneResult", "TunePoint", "__version__"]

@@ -89,7 +89,9 @@ def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefet
     specs = source.column_specs()
     # No batch holds more rows than the source has (the Loader sizes buffers the same way).
     rows = min(batch_size, len(source))
-    one = batch_bytes([s.row_bytes for s in specs], rows, with_index, even == "mask")
+    from ._columns import part_row_bytes  # noqa: PLC0415 - _columns imports this module
+
+    one = batch_bytes(part_row_bytes(specs), rows, with_index, even == "mask")
     limit = memory_limit()
     if one > limit:
         raise MemoryError(f"a batch of batch_size={batch_size} takes {_fmt(one)} over {len(specs)} column(s), "

@@ -1,10 +1,12 @@
 """What a column is to fastload: user arrays (numpy, np.memmap, CPU torch tensors) validated and
 described for the core, checked for changes since a Loader was built, and copied or pickled.
 
-A description is (name, owner, address, rows, pitch, row_bytes, dlpack_code, bits, row_shape):
-sample i is row_bytes bytes at address + i * pitch, and `owner` keeps that memory alive. It is
-made from the live array each time it is needed and never stored: an address copied from another
-object (a deepcopy, an unpickled Dataset) would point at memory that object no longer owns.
+A description is (name, owner, address, rows, pitch, row_bytes, dlpack_code, bits, row_shape,
+shards, ragged): sample i is row_bytes bytes at address + i * pitch, and `owner` keeps that memory
+alive. A column of several arrays, or a ragged one, lists its pieces in `shards` instead (see
+_shards.py); `ragged` is () for fixed rows. A description is made from the live arrays each time
+it is needed and never stored: an address copied from another object (a deepcopy, an unpickled
+Dataset) would point at memory that object no longer owns.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ class ColumnSpec(NamedTuple):
     dl_code: int
     bits: int
     row_shape: tuple[int, ...]
+    # ((address, rows, pitch, offsets_address, items), ...) when the column is several arrays.
+    shards: tuple = ()
+    # (item_bytes, pad element bytes) for a ragged column, whose row_bytes is the padded slot.
+    ragged: tuple = ()
 
     def as_tuple(self) -> tuple:
         return tuple(self)
@@ -161,6 +167,17 @@ def _describe_tensor(name: str, t: torch.Tensor, what: str) -> ColumnSpec:
     return ColumnSpec(name, t.detach(), t.data_ptr(), rows, strides[0], row_bytes, code, itemsize * 8, row_shape)
 
 
+def part_row_bytes(specs: list[ColumnSpec]) -> list[int]:
+    """Bytes per row of each part of a batch the columns make: a ragged column is its padded slot
+    and then its int64 `<name>_lengths`."""
+    out: list[int] = []
+    for s in specs:
+        out.append(s.row_bytes)
+        if s.ragged:
+            out.append(8)
+    return out
+
+
 def dtype_name(spec: ColumnSpec) -> str:
     kind = {_DL_INT: "int", _DL_UINT: "uint", _DL_FLOAT: "float", _DL_BFLOAT: "bfloat",
             _DL_COMPLEX: "complex", _DL_BOOL: "bool"}[spec.dl_code]
@@ -248,8 +265,11 @@ def _locate(array: Any) -> tuple[tuple[str, Any], ...]:
             ("dtype", array.dtype), ("owner address", _np_address(root)), ("owner nbytes", root.nbytes))
 
 
-def column_state(name: str, array: Any, what: str = "column") -> ColumnState:
-    backing = None if isinstance(array, torch.Tensor) else file_backing(array)
+def column_state(name: str, array: Any, what: str = "column", backing: _FileBacking | None = None) -> ColumnState:
+    """`backing`: where the array lies in its file, when file_backing cannot tell (a mapping made
+    with mmap.mmap rather than np.memmap)."""
+    if backing is None and not isinstance(array, torch.Tensor):
+        backing = file_backing(array)
     if backing is not None:
         _check_file(what, name, backing)
     return ColumnState(name, _locate(array), backing)

@@ -1,25 +1,41 @@
-"""The sources a Loader reads: Dataset (named columns, one row per sample) and Windows (token
-windows over one long 1-D array). A source holds the user's arrays, never addresses: the core's
-description of a column is made from the live array when a Loader is built."""
+"""The sources a Loader reads: Dataset (named columns, one row per sample) and Windows (windows
+along the first axis of one array or of several). A source holds the user's arrays, never
+addresses: the core's description of a column (shard tables and ragged offsets included) is made
+from the live arrays when a Loader is built."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, Sequence
 
-from ._arguments import INT64_MAX, _as_int
-from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, check_column_state, column_state,
-                       describe_array, dtype_name, reduce_column, restore_column)
+from ._arguments import _as_int
+from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, check_column_state, column_state, dtype_name,
+                       reduce_column, restore_column)
+from ._shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
+                      reduce_value, restore_value, stored_column)
+from ._windows import describe_windows, map_token_files
 
 __all__ = ["Dataset", "Windows", "_as_int"]
 
 
 def _declare_shards(source: Any, rows: Any) -> Any:
-    """Declares shard boundaries on an in-memory source (tests, benchmarks): `rows` samples per
-    shard, in order, adding up to len(source). Returns the source."""
+    """Declares shard boundaries on a source of one in-memory array per column (tests, benchmarks):
+    `rows` samples per shard, in order, adding up to len(source). Returns the source. A source
+    made of several arrays (or files) has its real shards, which cannot be redeclared."""
     rows = [_as_int("shard_rows", r) for r in rows]
     if any(r < 0 for r in rows) or sum(rows) != len(source):
         raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
+    if getattr(source, "_real_shards", False):
+        raise ValueError("the source already has shard boundaries (its columns are lists of arrays or files); "
+                         "_declare_shards is for sources of one array per column")
     source._shard_rows = rows
+    return source
+
+
+def _redeclare(source: Any, shard_rows: list[int] | None) -> Any:
+    """After a copy or unpickle: shard boundaries that were declared come back with the source."""
+    if shard_rows is not None and source.shard_rows is None:
+        _declare_shards(source, shard_rows)
     return source
 
 
@@ -27,9 +43,13 @@ class Dataset:
     """Named columns of equal leading length; sample i is row i of every column.
 
     Columns may be numpy arrays, np.memmap (read in place, never copied) or CPU torch tensors, of
-    any bool or numeric dtype and any fixed row shape. Pickling (and copy.deepcopy) carries a
-    memmap-backed column as its file name and place in the file, re-mapped on arrival, and any
-    other column by value.
+    any bool or numeric dtype and any fixed row shape; a list of such arrays (shards of one
+    column, read in place); or a ragged column, fastload.Ragged or (values, offsets).
+    Dataset.open(path) opens a dataset directory (see fastload.write_dataset).
+
+    Pickling (and copy.deepcopy) carries a memmap-backed array as its file name and place in the
+    file, re-mapped on arrival, and any other array by value; an opened dataset directory
+    travels as its path and is opened again.
     """
 
     def __init__(self, columns: Mapping[str, Any]):
@@ -37,79 +57,108 @@ class Dataset:
             raise TypeError(f"columns must be a mapping of name -> array, got {type(columns).__name__}")
         if not columns:
             raise ValueError("columns must name at least one column, got an empty mapping")
+        stored: dict[str, Any] = {}
         specs = []
-        for name, array in columns.items():
+        for name, value in columns.items():
             if not isinstance(name, str):
                 raise TypeError(f"column names must be strings, got {name!r}")
             if name in RESERVED_NAMES:
                 raise ValueError(f"column name {name!r} is reserved by the loader (reserved: {', '.join(RESERVED_NAMES)})")
-            specs.append(describe_array(name, array))
+            stored[name] = stored_column(value)
+            specs.append(describe_column(name, stored[name]))
         lengths = {s.name: s.rows for s in specs}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"columns must have equal leading length, got {lengths}")
         if specs[0].rows == 0:
             raise ValueError("dataset is empty: columns have 0 rows")
-        self._columns: dict[str, Any] = dict(columns)
+        names = output_names(specs)
+        if len(set(names)) != len(names):
+            raise ValueError(f"a column name clashes with a ragged column's <name>_lengths: {names}")
+        self._columns: dict[str, Any] = stored
         self._rows = specs[0].rows
+        self._names = names
+        self._shard_rows = common_shard_rows(specs)
+        self._real_shards = self._shard_rows is not None
         self._summary = [(s.name, dtype_name(s), s.row_shape) for s in specs]
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, verify: bool = False, *, pad: Any = 0,
+             max_length: Any = None) -> "Dataset":
+        """A dataset directory written by fastload.write_dataset or DatasetWriter, mapped lazily.
+        verify=True reads every shard and checks its checksum. pad and max_length apply to its
+        ragged columns (a value for all, or a dict by column name)."""
+        from ._disk import open_dataset  # noqa: PLC0415 - _disk subclasses Dataset
+
+        return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples per shard, in order, when the columns are lists of arrays (or files); None for
+        one in-memory array per column (no shard structure)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __len__(self) -> int:
         return self._rows
 
     @property
     def names(self) -> list[str]:
-        return list(self._columns)
+        return list(self._names)
 
     def column_specs(self) -> list[ColumnSpec]:
         """The core's description of every column, made now from the live arrays."""
-        specs = [describe_array(name, array) for name, array in self._columns.items()]
+        specs = [describe_column(name, value) for name, value in self._columns.items()]
         for s in specs:
             if s.rows != self._rows:
                 raise ValueError(f"column {s.name!r} now has {s.rows} rows, but the Dataset was built with "
                                  f"{self._rows}: sources must not be resized while fastload uses them")
+        if self._real_shards and common_shard_rows(specs) != self._shard_rows:
+            raise ValueError(f"the columns' shards now hold {common_shard_rows(specs)} rows, but the Dataset was "
+                             f"built with {self._shard_rows}: sources must not be resized while fastload uses them")
         return specs
 
     def column_states(self) -> list[ColumnState]:
-        return [column_state(name, array) for name, array in self._columns.items()]
+        """Where every array's bytes are (each shard's, a ragged column's values and offsets)."""
+        return column_states_of(list(self._columns.items()))
 
     def check_column_states(self, states: list[ColumnState]) -> None:
-        for state in states:
-            check_column_state(state, self._columns[state.name])
+        check_column_states_of(list(self._columns.items()), states)
+
+    def _declared(self) -> list[int] | None:
+        return None if self._real_shards else self.shard_rows
 
     def __reduce__(self) -> tuple:
-        return _restore_dataset, ({name: reduce_column(a) for name, a in self._columns.items()},)
+        return _restore_dataset, ({name: reduce_value(v) for name, v in self._columns.items()}, self._declared())
 
     def __deepcopy__(self, memo: dict) -> "Dataset":
-        states = {name: reduce_column(a) for name, a in self._columns.items()}
-        return _restore_dataset(copy.deepcopy(states, memo))
+        states = {name: reduce_value(v) for name, v in self._columns.items()}
+        return _restore_dataset(copy.deepcopy(states, memo), self._declared())
 
     def __copy__(self) -> "Dataset":
-        new = object.__new__(Dataset)
+        new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         new._columns = dict(self._columns)
         return new
-
-    @property
-    def shard_rows(self) -> list[int] | None:
-        """Samples in each shard, in order; None: no shard structure (one in-memory array)."""
-        rows = getattr(self, "_shard_rows", None)
-        return None if rows is None else list(rows)
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{name}: {dtype}{list(shape)}" for name, dtype, shape in self._summary)
         return f"Dataset({len(self)} samples; {cols})"
 
 
-def _restore_dataset(states: dict[str, tuple]) -> Dataset:
-    return Dataset({name: restore_column(s) for name, s in states.items()})
+def _restore_dataset(states: dict[str, tuple], declared: list[int] | None = None) -> Dataset:
+    return _redeclare(Dataset({name: restore_value(s) for name, s in states.items()}), declared)
 
 
 class Windows:
-    """Fixed-length windows over a 1-D array: sample i = tokens[i*stride : i*stride + length].
+    """Fixed-length windows along the first axis: sample i = tokens[i*stride : i*stride + length].
 
     The LLM pre-training source: a memory-mapped file of token ids read as overlapping or
     disjoint windows (length = context + 1 for next-token targets, stride = context). Batches
-    carry the column "tokens" of shape (batch, length) in the tokens' dtype.
+    carry the column "tokens" of shape (batch, length) in the tokens' dtype. An N-D array (a time
+    series (T, C, H, W)) gives batches (batch, length, C, H, W). A list of arrays (or
+    Windows.from_files) is one source whose windows never cross an array's end; the rows left
+    after each array's last window are counted in `unused_tokens`. Pickling carries memmaps (and
+    from_files' files) by file name, other arrays by value.
     """
 
     def __init__(self, tokens: Any, length: int, stride: int | None = None):
@@ -119,32 +168,35 @@ class Windows:
         stride = length if stride is None else _as_int("stride", stride)
         if stride <= 0:
             raise ValueError(f"stride must be positive, got {stride}")
-        self._tokens, self.length, self.stride = tokens, length, stride
-        spec = self._spec()
-        self.num_tokens = self._tokens_spec().rows
-        self._count = spec.rows
-        self._dtype = dtype_name(spec)
+        # A list is copied (its arrays are the user's): the shard structure is fixed from here on.
+        self._tokens = list(tokens) if isinstance(tokens, (list, tuple)) else tokens
+        self.length, self.stride = length, stride
+        layout = describe_windows(self._tokens, length, stride)
+        self.num_tokens = layout.num_tokens
+        self.unused_tokens = layout.unused_tokens  # rows after the last window of each array
+        self.unused_per_file = layout.unused_per_shard
+        self.files: list[str] | None = None
+        self._count = layout.spec.rows
+        self._shard_rows = layout.shard_rows
+        self._real_shards = self._shard_rows is not None
+        self._row_shape = layout.spec.row_shape
+        self._dtype = dtype_name(layout.spec)
 
-    def _tokens_spec(self) -> ColumnSpec:
-        spec = describe_array("tokens", self._tokens, what="tokens")
-        if len(spec.row_shape) != 0:
-            raise ValueError(f"tokens must be 1-D, got shape {(spec.rows,) + spec.row_shape}")
-        itemsize = spec.bits // 8
-        if spec.rows > 1 and spec.pitch != itemsize:
-            raise ValueError(f"tokens must be contiguous (stride {itemsize} bytes), got a stride of {spec.pitch} bytes")
-        return spec
+    @classmethod
+    def from_files(cls, paths: Sequence[str | os.PathLike], dtype: Any, length: int, stride: int | None = None,
+                   row_shape: Sequence[int] = ()) -> "Windows":
+        """Windows over raw binary files (nanoGPT/Megatron token .bin files, or time-series rows of
+        shape row_shape), each memory-mapped read-only: one source, no window crossing a file end."""
+        source = cls(map_token_files(paths, dtype, row_shape), length, stride)
+        source.files = [os.fspath(p) for p in paths]
+        return source
 
-    def _spec(self) -> ColumnSpec:
-        spec = self._tokens_spec()
-        if self.length > spec.rows:
-            raise ValueError(f"length must be at most the number of tokens ({spec.rows}), got {self.length}")
-        itemsize = spec.bits // 8
-        if self.stride * itemsize > INT64_MAX:
-            raise ValueError(f"stride must be at most (2**63 - 1) // {itemsize} (the itemsize of the tokens), "
-                             f"got {self.stride}")
-        count = (spec.rows - self.length) // self.stride + 1
-        return spec._replace(rows=count, pitch=self.stride * itemsize, row_bytes=self.length * itemsize,
-                             row_shape=(self.length,))
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Windows per array (file) in order for a list of arrays; None for one array (no shard
+        structure)."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
 
     def __len__(self) -> int:
         return self._count
@@ -153,41 +205,56 @@ class Windows:
     def names(self) -> list[str]:
         return ["tokens"]
 
+    def _arrays(self) -> list[tuple[str, Any]]:
+        if isinstance(self._tokens, list):
+            return [(f"tokens[{k}]", a) for k, a in enumerate(self._tokens)]
+        return [("tokens", self._tokens)]
+
     def column_specs(self) -> list[ColumnSpec]:
-        spec = self._spec()
-        if spec.rows != self._count:
-            raise ValueError(f"tokens now give {spec.rows} windows, but the Windows was built with {self._count}: "
-                             f"sources must not be resized while fastload uses them")
-        return [spec]
+        """The core's description of the windows, made now from the live arrays."""
+        layout = describe_windows(self._tokens, self.length, self.stride)
+        if layout.spec.rows != self._count or (self._real_shards and layout.shard_rows != self._shard_rows):
+            raise ValueError(f"tokens now give {layout.spec.rows} windows, but the Windows was built with "
+                             f"{self._count}: sources must not be resized while fastload uses them")
+        return [layout.spec]
 
     def column_states(self) -> list[ColumnState]:
-        return [column_state("tokens", self._tokens, what="tokens")]
+        return [column_state(label, a, what="tokens") for label, a in self._arrays()]
 
     def check_column_states(self, states: list[ColumnState]) -> None:
-        for state in states:
-            check_column_state(state, self._tokens, what="tokens")
+        for state, (_, a) in zip(states, self._arrays()):
+            check_column_state(state, a, what="tokens")
+
+    def _state(self) -> tuple:
+        tokens = ([reduce_column(a) for a in self._tokens] if isinstance(self._tokens, list)
+                  else reduce_column(self._tokens))
+        declared = None if self._real_shards else self.shard_rows
+        return (tokens, self.length, self.stride, self.files, declared)
 
     def __reduce__(self) -> tuple:
-        return _restore_windows, (reduce_column(self._tokens), self.length, self.stride)
+        return _restore_windows, self._state()
 
     def __deepcopy__(self, memo: dict) -> "Windows":
-        return _restore_windows(copy.deepcopy(reduce_column(self._tokens), memo), self.length, self.stride)
+        return _restore_windows(*copy.deepcopy(self._state(), memo))
 
     def __copy__(self) -> "Windows":
         new = object.__new__(Windows)
         new.__dict__.update(self.__dict__)
+        if isinstance(self._tokens, list):
+            new._tokens = list(self._tokens)
         return new
 
-    @property
-    def shard_rows(self) -> list[int] | None:
-        """Samples in each shard, in order; None: no shard structure (one in-memory array)."""
-        rows = getattr(self, "_shard_rows", None)
-        return None if rows is None else list(rows)
-
     def __repr__(self) -> str:
-        return (f"Windows({len(self)} windows of {self.length} {self._dtype} tokens, "
-                f"stride {self.stride}, over {self.num_tokens} tokens)")
+        rest = f" x {list(self._row_shape[1:])}" if len(self._row_shape) > 1 else ""
+        files = f" in {len(self._shard_rows)} arrays" if self._real_shards else ""
+        return (f"Windows({len(self)} windows of {self.length}{rest} {self._dtype} tokens, "
+                f"stride {self.stride}, over {self.num_tokens} tokens{files})")
 
 
-def _restore_windows(tokens: tuple, length: int, stride: int) -> Windows:
-    return Windows(restore_column(tokens), length, stride)
+def _restore_windows(tokens: Any, length: int, stride: int, files: list[str] | None = None,
+                     declared: list[int] | None = None) -> Windows:
+    # A from_files Windows travels by its files (memmaps by name); each is mapped again here.
+    arrays = [restore_column(t) for t in tokens] if isinstance(tokens, list) else restore_column(tokens)
+    w = Windows(arrays, length, stride)
+    w.files = files
+    return _redeclare(w, declared)

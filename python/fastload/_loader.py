@@ -13,6 +13,7 @@ import torch
 
 from . import _C, _lifecycle
 from ._arguments import check_loader_limits
+from ._columns import part_row_bytes
 from ._dataset import Dataset, Windows, _as_int
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._state import check_state, make_state
@@ -31,7 +32,7 @@ PREFETCH_RANGE = (4, 32)
 
 def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid: bool) -> int:
     """Batches in flight per device when prefetch is not given (see PREFETCH_BUDGET_BYTES)."""
-    row = sum(s.row_bytes for s in source.column_specs()) + 8 * with_index + with_valid
+    row = sum(part_row_bytes(source.column_specs())) + 8 * with_index + with_valid
     batch = max(1, row * min(batch_size, len(source)))
     lo, hi = PREFETCH_RANGE
     return max(lo, min(hi, PREFETCH_BUDGET_BYTES // batch))

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence, TextIO, Union
 import numpy as np
 import torch
 
+from ._columns import part_row_bytes
 from ._dataset import Dataset, Windows
 from ._loader import Loader
 
@@ -481,7 +482,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     dev = probe.device
     probe.close()
     gpu = dev.type == "cuda"
-    row_bytes = sum(s.row_bytes for s in src.column_specs())
+    row_bytes = sum(part_row_bytes(src.column_specs()))
     batch_bytes = row_bytes * min(batch_size, len(src))
     thread_grid = _grid_values("threads", threads, default_threads())
     if prefetch is None:

@@ -1,0 +1,111 @@
+"""Window sources: fixed-length windows along the first axis of one array, of several arrays,
+or of raw .bin files, each array a shard of one column (a window never crosses a shard end)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._arguments import INT64_MAX
+from ._columns import ColumnSpec, describe_array
+
+
+@dataclass
+class WindowLayout:
+    spec: ColumnSpec
+    num_tokens: int  # rows along the first axis, over all arrays
+    unused_tokens: int  # rows after the last window of each array, summed
+    unused_per_shard: list[int]
+    shard_rows: list[int] | None  # windows per array; None for one array
+
+
+def _count(rows: int, length: int, stride: int) -> tuple[int, int]:
+    """(windows, rows after the last window) over `rows` rows."""
+    if rows < length:
+        return 0, rows
+    n = (rows - length) // stride + 1
+    return n, rows - ((n - 1) * stride + length)
+
+
+def _piece(array: Any, k: int | None) -> ColumnSpec:
+    what = "tokens" if k is None else f"tokens[{k}]"
+    spec = describe_array("tokens", array, what="tokens")
+    inner = spec.row_bytes
+    itemsize = spec.bits // 8
+    if spec.rows > 1 and spec.pitch != inner:
+        if not spec.row_shape:
+            raise ValueError(f"{what} must be contiguous (stride {itemsize} bytes), got a stride of {spec.pitch} bytes")
+        raise ValueError(f"{what} must be contiguous along the first axis (stride {inner} bytes for rows of shape "
+                         f"{spec.row_shape}), got a stride of {spec.pitch} bytes")
+    return spec
+
+
+def _check_pitch(stride: int, spec: ColumnSpec) -> None:
+    row_bytes = spec.row_bytes
+    if row_bytes and stride * row_bytes > INT64_MAX:
+        unit = "the itemsize of the tokens" if not spec.row_shape else "the bytes of one row of tokens"
+        raise ValueError(f"stride must be at most (2**63 - 1) // {row_bytes} ({unit}), got {stride}")
+
+
+def describe_windows(tokens: Any, length: int, stride: int) -> WindowLayout:
+    """Sample i is tokens[s : s + length] along the first axis; batches are (B, length, *rest).
+    Made from the live arrays each time (it holds their addresses)."""
+    arrays = list(tokens) if isinstance(tokens, (list, tuple)) else None
+    if arrays is None:
+        spec = _piece(tokens, None)
+        if length > spec.rows:
+            raise ValueError(f"length must be at most the number of tokens ({spec.rows}), got {length}")
+        _check_pitch(stride, spec)
+        count, unused = _count(spec.rows, length, stride)
+        window = spec._replace(rows=count, pitch=stride * spec.row_bytes, row_bytes=length * spec.row_bytes,
+                               row_shape=(length,) + spec.row_shape)
+        return WindowLayout(window, spec.rows, unused, [unused], None)
+    if not arrays:
+        raise ValueError("tokens must be an array or a non-empty list of arrays, got an empty list")
+    specs = [_piece(a, k) for k, a in enumerate(arrays)]
+    first = specs[0]
+    for k, s in enumerate(specs):
+        if (s.dl_code, s.bits) != (first.dl_code, first.bits):
+            raise TypeError(f"tokens[{k}] has another dtype than tokens[0]")
+        if s.row_shape != first.row_shape:
+            raise ValueError(f"tokens[{k}] has rows of shape {s.row_shape}, tokens[0] {first.row_shape}")
+    counts = [_count(s.rows, length, stride) for s in specs]
+    total = sum(c for c, _ in counts)
+    if total == 0:
+        longest = max(s.rows for s in specs)
+        raise ValueError(f"length must be at most the tokens of the longest array ({longest}), got {length}")
+    inner = first.row_bytes
+    _check_pitch(stride, first)
+    table = tuple((s.address, c, stride * inner, 0, 0) for s, (c, _) in zip(specs, counts))
+    window = first._replace(owner=tuple(s.owner for s in specs), address=0, rows=total, pitch=0, row_bytes=length * inner,
+                            row_shape=(length,) + first.row_shape, shards=table)
+    unused = [u for _, u in counts]
+    return WindowLayout(window, sum(s.rows for s in specs), sum(unused), unused, [c for c, _ in counts])
+
+
+def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] = ()) -> list[np.ndarray]:
+    """Each raw file as a read-only memory map of shape (rows, *row_shape)."""
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or len(paths) == 0:
+        raise ValueError(f"paths must be a non-empty list of file paths, got {paths!r}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
+    shape = tuple(int(s) for s in row_shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"row_shape must be non-negative sizes, got {tuple(row_shape)}")
+    row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    arrays = []
+    for p in paths:
+        size = os.stat(p).st_size  # FileNotFoundError names the file
+        if row == 0 or size % row:
+            raise ValueError(f"{os.fspath(p)}: {size} bytes is not a whole number of rows of {row} bytes "
+                             f"({dt} x {shape})")
+        rows = size // row
+        if rows == 0:  # an empty file cannot be mapped; it holds no windows
+            arrays.append(np.empty((0,) + shape, dtype=dt))
+        else:
+            arrays.append(np.memmap(p, dtype=dt, mode="r", shape=(rows,) + shape))
+    return arrays
