@@ -50,6 +50,14 @@ class Dataset:
     Pickling (and copy.deepcopy) carries a memmap-backed array as its file name and place in the
     file, re-mapped on arrival, and any other array by value; an opened dataset directory
     travels as its path and is opened again.
+
+    Args:
+        columns: a mapping of column name -> column. A column is a numpy array, np.memmap or CPU
+            torch tensor whose first axis is the sample (rows contiguous; any leading stride); a
+            list of them (shards, concatenated in order); or a ragged column. All columns have
+            the same number of samples. The names "index" and "valid" (and "<ragged>_lengths")
+            are the loader's. Sources must not be resized or moved while a Loader uses them: each
+            iter() checks and raises ValueError naming the column.
     """
 
     def __init__(self, columns: Mapping[str, Any]):
@@ -85,8 +93,13 @@ class Dataset:
     def open(cls, path: str | os.PathLike, verify: bool = False, *, pad: Any = 0,
              max_length: Any = None) -> "Dataset":
         """A dataset directory written by fastload.write_dataset or DatasetWriter, mapped lazily.
-        verify=True reads every shard and checks its checksum. pad and max_length apply to its
-        ragged columns (a value for all, or a dict by column name)."""
+
+        Args:
+            path: the directory (its manifest.json names every shard).
+            verify: read every shard and check its checksum (else only sizes are checked).
+            pad: the pad value of ragged columns (one for all, or a dict by column name).
+            max_length: cap on a ragged row's length (one for all, or a dict by column name).
+        """
         from ._disk import open_dataset  # noqa: PLC0415 - _disk subclasses Dataset
 
         return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
@@ -159,6 +172,12 @@ class Windows:
     Windows.from_files) is one source whose windows never cross an array's end; the rows left
     after each array's last window are counted in `unused_tokens`. Pickling carries memmaps (and
     from_files' files) by file name, other arrays by value.
+
+    Args:
+        tokens: an array, np.memmap or CPU tensor contiguous along its first axis (1-D tokens, or
+            N-D rows such as a time series), or a list of them (files or shards).
+        length: rows per window (context + 1 for next-token targets).
+        stride: rows between consecutive window starts; default `length` (disjoint windows).
     """
 
     def __init__(self, tokens: Any, length: int, stride: int | None = None):
@@ -186,7 +205,14 @@ class Windows:
     def from_files(cls, paths: Sequence[str | os.PathLike], dtype: Any, length: int, stride: int | None = None,
                    row_shape: Sequence[int] = ()) -> "Windows":
         """Windows over raw binary files (nanoGPT/Megatron token .bin files, or time-series rows of
-        shape row_shape), each memory-mapped read-only: one source, no window crossing a file end."""
+        shape row_shape), each memory-mapped read-only: one source, no window crossing a file end.
+
+        Args:
+            paths: the files, in order.
+            dtype: their element type (e.g. np.uint16 for GPT-2 tokens).
+            length, stride: as for Windows.
+            row_shape: the shape of one row for N-D data (a file is then rows of that shape).
+        """
         source = cls(map_token_files(paths, dtype, row_shape), length, stride)
         source.files = [os.fspath(p) for p in paths]
         return source

@@ -92,6 +92,9 @@ class Loader:
             in 16 MiB, at least 4 and at most 32. Loader-held memory is bounded by it.
         streams: host-to-device copy streams per GPU (no effect on the CPU).
         with_index: add "index", the int64 sample ids of each batch.
+        partition: "samples" (any sample to any rank; elastic) or "shards" (whole shards of a
+            sharded source per rank, balanced by rows: reads stay local; resumes mid-epoch only
+            at the same world size).
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
