@@ -51,6 +51,8 @@ def test_core_under_sanitizers(capsys: pytest.CaptureFixture[str]) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # an unclosed pipe is an unraisable warning, an error under -W error
     output = "\n".join(lines)
     assert rc == 0, f"exit status {rc}" + (f" (killed after {TIMEOUT_S} s)" if rc == -9 else "") + "\n" + output[-12000:]
     last = lines[-1] if lines else ""

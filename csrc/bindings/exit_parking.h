@@ -8,16 +8,18 @@
 #pragma once
 #include <pthread.h>
 
-#include <chrono>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <map>
+#include <set>
 
 namespace fastload::exit_parking {
 
 struct State {
   bool parking = false;
-  int parked = 0;
   pthread_t main_thread = pthread_self();  // the importing thread: Python's main thread
-  std::map<pthread_t, std::chrono::steady_clock::time_point> iterating;  // last next() per thread
+  std::map<long, bool> iterating;          // native thread id -> parked
 };
 
 inline State& state() {
@@ -25,23 +27,23 @@ inline State& state() {
   return *s;
 }
 
-// Called by next() on entry: true if this thread must park now.
+inline long thread_id() { return static_cast<long>(syscall(SYS_gettid)); }  // threading.get_native_id()
+
+// Called by next() and iter() on entry: true if this thread must park now.
 inline bool note_next() {
   State& s = state();
-  const pthread_t me = pthread_self();
-  if (pthread_equal(me, s.main_thread)) return false;
-  if (s.parking) return true;
-  s.iterating[me] = std::chrono::steady_clock::now();
-  return false;
+  if (pthread_equal(pthread_self(), s.main_thread)) return false;
+  s.iterating.emplace(thread_id(), false);
+  return s.parking;
 }
 
-// Iterating threads seen in the last second that have not parked yet.
-inline int unparked() {
-  State& s = state();
-  const auto recent = std::chrono::steady_clock::now() - std::chrono::seconds(1);
+inline void mark_parked() { state().iterating[thread_id()] = true; }
+
+// Of the given live threads (native ids), those that have iterated and not parked yet.
+inline int unparked(const std::set<long>& live) {
   int n = 0;
-  for (const auto& [thread, last] : s.iterating) n += last > recent;
-  return n > s.parked ? n - s.parked : 0;
+  for (const auto& [id, parked] : state().iterating) n += !parked && live.count(id);
+  return n;
 }
 
 }  // namespace fastload::exit_parking

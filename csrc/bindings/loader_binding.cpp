@@ -468,7 +468,7 @@ class Iterator {
   }
 
   [[noreturn]] static void park() {  // public: iter() parks a thread the same way
-    ++exit_parking::state().parked;
+    exit_parking::mark_parked();
     PyEval_SaveThread();  // for good: this thread never takes the GIL again
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
@@ -557,7 +557,7 @@ void bind_loader(py::module_& m) {
   // At interpreter exit (fastload._lifecycle): park threads iterating from now on, and say how
   // many recently iterating threads have not parked yet.
   m.def("_start_exit_parking", [] { exit_parking::state().parking = true; });
-  m.def("_unparked_iterators", [] { return exit_parking::unparked(); });
+  m.def("_unparked_iterators", [](const std::set<long>& live) { return exit_parking::unparked(live); });
   // iter()/split() call this first: a daemon thread starting an epoch at exit parks too.
   m.def("_park_if_exiting", [] {
     if (exit_parking::note_next()) Iterator::park();

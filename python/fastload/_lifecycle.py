@@ -4,6 +4,7 @@ and daemon threads still iterating are parked inside next() (see csrc/bindings/e
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 import weakref
 from typing import Any
@@ -31,6 +32,11 @@ def _close_all() -> None:
         except Exception:  # noqa: BLE001 - exit must not fail on one loader
             pass
     deadline = time.monotonic() + _PARK_WAIT_S
-    while _C._unparked_iterators() > 0 and time.monotonic() < deadline:
-        time.sleep(0.002)  # lets the daemon threads run to their next next()
+    while time.monotonic() < deadline:
+        # Daemon threads still alive that have iterated: each reaches its next next() or iter()
+        # within a training step and parks there.
+        live = {t.native_id for t in threading.enumerate() if t.daemon and t.native_id is not None}
+        if not _C._unparked_iterators(live):
+            break
+        time.sleep(0.002)
 
