@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fastload as fl
+from fastload import _C
 
 
 def collect(loader):
@@ -208,14 +209,40 @@ def test_zero_width_rows():
     assert shapes == [(4, 0), (4, 0), (2, 0)]
 
 
-@pytest.mark.parametrize("row_bytes", [16 * 1024, 16 * 1024 + 7, 150 * 1024, 40_001])
-def test_large_rows_take_the_streaming_copy_and_match(rng, row_bytes):
+@pytest.fixture(params=["ordinary stores", "streaming stores"])
+def copy_kind(request):
+    """Runs a test with batch copies below and above the streaming threshold (normally half the
+    last-level cache: tens of MB); restores the default after."""
+    if request.param == "streaming stores":
+        _C._set_streaming_min_part_bytes(0)
+    try:
+        yield request.param
+    finally:
+        _C._set_streaming_min_part_bytes(-1)
+
+
+def test_streaming_threshold_defaults_to_half_the_last_level_cache():
+    assert _C._last_level_cache_bytes() > 0
+    assert _C._streaming_min_part_bytes() == _C._last_level_cache_bytes() // 2
+
+
+@pytest.mark.parametrize("row_bytes", [16 * 1024, 16 * 1024 + 7, 150 * 1024, 40_001, 1000])
+def test_large_rows_match_with_either_copy(rng, row_bytes, copy_kind):
     # Odd sizes leave destinations unaligned, exercising the head and tail of the streaming copy.
     x = rng.integers(0, 255, (64, row_bytes), dtype=np.uint8)
     loader = fl.Loader(fl.Dataset({"x": x, "y": np.arange(64)}), batch_size=5, shuffle=True, with_index=True)
     for batch in loader:
         np.testing.assert_array_equal(batch["x"].numpy(), x[batch["index"].numpy()])
         np.testing.assert_array_equal(batch["y"].numpy(), batch["index"].numpy())
+
+
+def test_sharded_large_rows_match_with_either_copy(rng, copy_kind):
+    # A sharded column copies a batch in blocks of addresses: each block takes the part's choice.
+    shards = [rng.integers(0, 255, (n, 20_000), dtype=np.uint8) for n in (3, 300, 1, 97)]
+    whole = np.concatenate(shards)
+    loader = fl.Loader(fl.Dataset({"x": shards}), batch_size=300, shuffle=True, with_index=True)
+    for batch in loader:
+        np.testing.assert_array_equal(batch["x"].numpy(), whole[batch["index"].numpy()])
 
 
 def test_abandoned_epochs_give_their_buffers_back(rng):
@@ -262,12 +289,26 @@ def test_an_unconsumed_resumed_epoch_keeps_its_position():
     assert np.array_equal(rest, loader.plan(0)[30:])
 
 
-def test_default_prefetch_follows_a_byte_budget():
-    small = fl.Loader(fl.Dataset({"x": np.zeros((10_000, 16), np.float32)}), 256, device="cpu")
-    large = fl.Loader(fl.Dataset({"x": np.zeros((1000, 40_000), np.float32)}), 64, device="cpu")
-    assert small.stats().prefetch == 32  # 16 KiB batches: the window's upper end
-    assert large.stats().prefetch == 4  # 10 MB batches: the lower end
-    assert fl.Loader(fl.Dataset({"x": np.zeros(10)}), 2, prefetch=7, device="cpu").stats().prefetch == 7
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_default_prefetch_follows_a_byte_budget_but_keeps_every_thread_busy(threads):
+    def prefetch(rows, row_floats, batch, **kw):
+        ds = fl.Dataset({"x": np.zeros((rows, row_floats), np.float32)})
+        return fl.Loader(ds, batch, device="cpu", num_threads=threads, **kw).stats().prefetch
+
+    assert prefetch(10_000, 16, 256) == max(32, threads)  # 16 KiB batches: the budget's upper end
+    assert prefetch(1000, 4096, 64) == max(16, threads)  # 1 MiB batches: 16 fit in 16 MiB
+    assert prefetch(1000, 4096, 64, with_index=True) == max(15, threads)  # the ids count too
+    assert prefetch(1000, 40_000, 64) == max(2, threads)  # 10 MB batches: one fits; one per thread
+    assert prefetch(10, 40_000, 64) == max(10, threads)  # a batch holds at most the dataset (1.6 MB)
+    assert prefetch(10, 1, 2, prefetch=7) == 7  # given: as given
+
+
+def test_default_prefetch_on_a_gpu_adds_a_place_per_copy_stream():
+    from fastload._loader import default_prefetch
+    ds = fl.Dataset({"x": np.zeros((1000, 40_000), np.float32)})
+    assert default_prefetch(ds, 64, False, False, num_threads=2, copy_streams=0) == 2
+    assert default_prefetch(ds, 64, False, False, num_threads=2, copy_streams=3) == 5
+    assert default_prefetch(ds, 1, False, False, num_threads=2, copy_streams=3) == 32
 
 
 def test_numpy_bfloat16_from_ml_dtypes_arrives_as_torch_bfloat16():

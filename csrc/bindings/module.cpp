@@ -19,7 +19,9 @@
 #include "bindings/loader_binding.h"
 #include "bindings/without_gil.h"
 #include "core/checksum.h"
+#include "core/cpu_cache.h"
 #include "core/engine.h"
+#include "core/gather.h"
 #include "core/sampler.h"
 
 namespace py = pybind11;
@@ -182,4 +184,10 @@ PYBIND11_MODULE(_C, m) {
         std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(c.digest()));
         return std::string(out);
       });
+
+  // Where batch copies switch to streaming stores (see core/gather.h). Private: tests lower it
+  // to run that copy on small arrays; the benchmark reports it.
+  m.def("_streaming_min_part_bytes", &streaming_min_part_bytes);
+  m.def("_set_streaming_min_part_bytes", &set_streaming_min_part_bytes, py::arg("bytes"));
+  m.def("_last_level_cache_bytes", &last_level_cache_bytes);
 }

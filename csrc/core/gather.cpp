@@ -5,7 +5,10 @@
 // sharded one reads it from a block of addresses resolved just before.
 #include "core/gather.h"
 
+#include "core/cpu_cache.h"
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -49,9 +52,13 @@ void gather_fixed(RowAt row, int64_t count, std::byte* dst) {
 }
 
 #if defined(__x86_64__)
-// Large rows fill batch buffers bigger than the caches, and several are in flight: ordinary
-// stores would first read every destination line (read-for-ownership) and evict the source
-// rows. Streaming stores write around the cache.
+// Streaming stores write around the cache. They pay only when the destination cannot stay
+// cached anyway: a batch part bigger than half the last-level cache (see
+// streaming_min_part_bytes). Below that, ordinary stores win by far (0.9x against 0.65x of the
+// ceiling for 16-150 KiB rows in 1-10 MB batches on a 32 MiB L3, bench/RESULTS.md): recycled
+// buffers stay in the cache, so there is no read-for-ownership from DRAM and no write-back
+// before the next batch reuses the lines. Above it (32-64 MiB parts) streaming is 1.1-1.4x faster.
+// Rows must be long for streaming: per row it costs an unaligned head and tail.
 constexpr int64_t kStreamingRowBytes = 16 * 1024;
 
 void copy_streaming(std::byte* dst, const std::byte* src, int64_t bytes) {
@@ -92,7 +99,7 @@ void gather_any(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
 }
 
 template <typename RowAt>
-void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
+void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst, bool streaming) {
   switch (bytes) {
     case 1: return gather_fixed<1>(row, count, dst);
     case 2: return gather_fixed<2>(row, count, dst);
@@ -108,8 +115,9 @@ void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst) {
     case 2048: return gather_fixed<2048>(row, count, dst);
     default:
 #if defined(__x86_64__)
-      if (bytes >= kStreamingRowBytes) return gather_streaming(row, bytes, count, dst);
+      if (streaming && bytes >= kStreamingRowBytes) return gather_streaming(row, bytes, count, dst);
 #endif
+      (void)streaming;
       return gather_any(row, bytes, count, dst);
   }
 }
@@ -250,8 +258,23 @@ void set_shards(ColumnSpec& col, std::vector<Shard> shards) {
   build_buckets(col);
 }
 
+namespace {
+std::atomic<int64_t> g_streaming_min_part{-1};  // -1: half the last-level cache
+}  // namespace
+
+int64_t streaming_min_part_bytes() {
+  const int64_t set = g_streaming_min_part.load(std::memory_order_relaxed);
+  return set >= 0 ? set : last_level_cache_bytes() / 2;
+}
+
+void set_streaming_min_part_bytes(int64_t bytes) {
+  g_streaming_min_part.store(bytes < 0 ? -1 : bytes, std::memory_order_relaxed);
+}
+
 void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
-  if (!col.sharded()) return gather_with(Strided{col.base, col.pitch, ids}, col.row_bytes, count, dst);
+  // Decided on the whole part, not per block: a sharded column copies it in blocks.
+  const bool streaming = count * col.row_bytes >= streaming_min_part_bytes();
+  if (!col.sharded()) return gather_with(Strided{col.base, col.pitch, ids}, col.row_bytes, count, dst, streaming);
   const std::byte* rows[kBlock];
   for (int64_t b = 0; b < count; b += kBlock) {
     const int64_t n = std::min(kBlock, count - b);
@@ -261,7 +284,7 @@ void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::
       const Shard& sh = col.shards[s];
       rows[i] = sh.base + (id - col.starts[s]) * sh.pitch;
     }
-    gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes);
+    gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes, streaming);
   }
 }
 

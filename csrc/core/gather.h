@@ -54,6 +54,12 @@ struct ColumnSpec {
 // Throws std::invalid_argument naming the column on a bad table.
 void set_shards(ColumnSpec& col, std::vector<Shard> shards);
 
+// Batch parts of at least this many bytes (of rows of 16 KiB or more) are copied with streaming
+// stores (x86): half the last-level cache unless set. Tests set 0 to exercise that copy on small
+// data; a negative value restores the default.
+int64_t streaming_min_part_bytes();
+void set_streaming_min_part_bytes(int64_t bytes);
+
 // dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows). Not for ragged columns.
 void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst);
 

@@ -24,18 +24,27 @@ _EVEN = ("pad", "drop", "mask")
 _ORDER = ("random", "block")
 _PARTITION = ("samples", "shards")
 _MAX_SEED = 2**64 - 1
-# prefetch=None: as many batches as fit in this budget, within [4, 32]. Small batches come every
-# few µs, and a deeper window lets the consumer take several per wake-up; large ones need few.
+# prefetch=None: as many batches as fit in this budget, at most PREFETCH_MAX, and never fewer
+# than keep every stage busy (see default_prefetch). Small batches come every few µs, and a deeper
+# window lets the consumer take several per wake-up. Large ones want few: batches that fit in
+# about half the last-level cache are written and reused there, and every batch beyond that
+# costs a trip through DRAM (on the benchmark's 32 MiB L3, 150 KiB-row batches of 9.8 MB reach
+# 0.88x of the copy ceiling with 2 in flight against 0.69x with 4; bench/RESULTS.md).
 PREFETCH_BUDGET_BYTES = 16 << 20
-PREFETCH_RANGE = (4, 32)
+PREFETCH_MIN = 2
+PREFETCH_MAX = 32
 
 
-def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid: bool) -> int:
-    """Batches in flight per device when prefetch is not given (see PREFETCH_BUDGET_BYTES)."""
+def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid: bool, num_threads: int,
+                     copy_streams: int = 0) -> int:
+    """Batches in flight per device when prefetch is not given: as many as fit in
+    PREFETCH_BUDGET_BYTES (at most PREFETCH_MAX), but at least one per collation thread plus one per
+    copy stream on a GPU (each thread builds a whole batch, and a batch being copied keeps its
+    place), and at least PREFETCH_MIN."""
     row = sum(part_row_bytes(source.column_specs())) + 8 * with_index + with_valid
     batch = max(1, row * min(batch_size, len(source)))
-    lo, hi = PREFETCH_RANGE
-    return max(lo, min(hi, PREFETCH_BUDGET_BYTES // batch))
+    busy = max(PREFETCH_MIN, num_threads + copy_streams)
+    return max(busy, min(PREFETCH_MAX, PREFETCH_BUDGET_BYTES // batch))
 # Samples per block for order="block": large enough that a block is a long sequential read.
 _BLOCK_SIZE = 4096
 # order="block" over shards: samples are shuffled within windows of this many consecutive shards
@@ -120,12 +129,10 @@ class Loader:
             raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
         if even not in _EVEN:
             raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
-        if prefetch is None:
-            self._prefetch = default_prefetch(source, self._batch_size, bool(with_index), even == "mask")
-        else:
-            self._prefetch = _as_int("prefetch", prefetch)
-        if self._prefetch <= 0:
-            raise ValueError(f"prefetch must be positive, got {self._prefetch}")
+        if prefetch is not None:
+            prefetch = _as_int("prefetch", prefetch)
+            if prefetch <= 0:
+                raise ValueError(f"prefetch must be positive, got {prefetch}")
         self._streams = _as_int("streams", streams)
         if self._streams <= 0:
             raise ValueError(f"streams must be positive, got {self._streams}")
@@ -147,6 +154,11 @@ class Loader:
         self._partition = partition
         self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
+        if prefetch is None:
+            copy_streams = self._streams if self._device.type == "cuda" else 0
+            prefetch = default_prefetch(source, self._batch_size, bool(with_index), even == "mask", threads,
+                                        copy_streams)
+        self._prefetch = prefetch
         check_loader_limits(source, batch_size=self._batch_size, world_size=self._world_size, prefetch=self._prefetch,
                             num_threads=threads, streams=self._streams, with_index=with_index, even=even)
         self._source_states = source.column_states()  # where the bytes are: checked at every iter()/split()

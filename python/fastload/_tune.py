@@ -552,7 +552,8 @@ def _defaults(src: Dataset | Windows, batch_size: int) -> dict[str, int]:
     try:
         from ._environment import default_num_threads
         from ._loader import default_prefetch
-        return {"num_threads": default_num_threads(), "prefetch": default_prefetch(src, batch_size, False, False)}
+        threads = default_num_threads()
+        return {"num_threads": threads, "prefetch": default_prefetch(src, batch_size, False, False, threads)}
     except (ImportError, TypeError):  # the defaults' helpers moved: leave the comparison out
         return {}
 

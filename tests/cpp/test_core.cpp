@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/buffer_pool.h"
+#include "core/cpu_cache.h"
 #include "core/engine.h"
 #include "core/fork_guard.h"
 #include "core/gather.h"
@@ -897,6 +898,47 @@ TEST_CASE(gather_rows_every_size_and_overlapping_windows) {
       }
     }
   }
+}
+
+TEST_CASE(gather_rows_large_rows_with_and_without_streaming_stores) {
+  // Both copies of long rows, with odd sizes and pitches (unaligned heads and tails), and the
+  // threshold that picks between them.
+  std::mt19937_64 rng(11);
+  for (int64_t threshold : {int64_t{0}, int64_t{1} << 40}) {
+    set_streaming_min_part_bytes(threshold);
+    for (int64_t row_bytes : {int64_t{16384}, int64_t{16391}, int64_t{40001}}) {
+      const int64_t rows = 9, pitch = row_bytes + 3;
+      std::vector<uint8_t> src(static_cast<size_t>(rows * pitch));
+      for (auto& x : src) x = static_cast<uint8_t>(rng());
+      ColumnSpec c;
+      c.name = "c";
+      c.base = reinterpret_cast<const std::byte*>(src.data());
+      c.rows = rows;
+      c.pitch = pitch;
+      c.row_bytes = row_bytes;
+      const std::vector<int64_t> ids = {8, 0, 3, 3, 7, 1};
+      const int64_t count = static_cast<int64_t>(ids.size());
+      std::vector<uint8_t> dst(static_cast<size_t>(count * row_bytes) + 1, 0xEE);
+      gather_rows(c, ids.data(), count, reinterpret_cast<std::byte*>(dst.data()));
+      bool ok = dst.back() == 0xEE;
+      for (int64_t i = 0; i < count; ++i)
+        ok &= std::memcmp(dst.data() + i * row_bytes, src.data() + ids[i] * pitch, static_cast<size_t>(row_bytes)) == 0;
+      CHECK_MSG(ok, "threshold=" << threshold << " row_bytes=" << row_bytes);
+    }
+  }
+  set_streaming_min_part_bytes(-1);
+  CHECK(streaming_min_part_bytes() == last_level_cache_bytes() / 2);
+}
+
+TEST_CASE(cache_sizes_parse_as_sysfs_writes_them) {
+  CHECK(parse_cache_size("32768K\n") == int64_t{32} << 20);
+  CHECK(parse_cache_size("1M") == int64_t{1} << 20);
+  CHECK(parse_cache_size("2G") == int64_t{2} << 30);
+  CHECK(parse_cache_size("512") == 512);
+  CHECK(parse_cache_size("") == 0);
+  CHECK(parse_cache_size("K") == 0);
+  CHECK(parse_cache_size(nullptr) == 0);
+  CHECK(last_level_cache_bytes() > 0);
 }
 
 // ================================================================ ThreadPool

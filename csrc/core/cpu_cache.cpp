@@ -1,0 +1,52 @@
+// Reads the last-level cache size once; see cpu_cache.h.
+#include "core/cpu_cache.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace fastload {
+
+int64_t parse_cache_size(const char* text) {
+  if (!text) return 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (end == text || value <= 0) return 0;
+  while (*end == ' ') ++end;
+  switch (std::toupper(static_cast<unsigned char>(*end))) {
+    case 'K': return static_cast<int64_t>(value) << 10;
+    case 'M': return static_cast<int64_t>(value) << 20;
+    case 'G': return static_cast<int64_t>(value) << 30;
+    default: return static_cast<int64_t>(value);
+  }
+}
+
+namespace {
+int64_t read_sysfs_largest_cache() {
+  int64_t largest = 0;
+  for (int index = 0; index < 16; ++index) {
+    const std::string path = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size";
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    if (!f) continue;  // indices may have gaps; 16 covers every CPU we know of
+    char text[64] = {};
+    const bool read = std::fgets(text, sizeof text, f) != nullptr;
+    std::fclose(f);
+    if (read) {
+      const int64_t bytes = parse_cache_size(text);
+      if (bytes > largest) largest = bytes;
+    }
+  }
+  return largest;
+}
+}  // namespace
+
+int64_t last_level_cache_bytes() {
+  static const int64_t bytes = [] {
+    const int64_t found = read_sysfs_largest_cache();
+    return found > 0 ? found : kDefaultLastLevelCacheBytes;
+  }();
+  return bytes;
+}
+
+}  // namespace fastload
