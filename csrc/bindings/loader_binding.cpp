@@ -226,13 +226,23 @@ class PyEngine {
   // valid), or None after the last batch; throws Cancelled. For a GPU output, `stream` is the
   // consumer's stream (torch.cuda.current_stream().cuda_stream), made to wait on the batch's
   // copy; with raw=True the parts come back as RawDevicePart (tests with the stand-in driver).
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows) {
+  // The next batch's parts (None at the end); `ready`, if given, gets the batches that were
+  // ready when the call began.
+  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* ready) {
     engine_->check_not_forked();
     const auto& transfer = run.transfers.at(static_cast<size_t>(output));
-    if (transfer)
+    if (transfer) {
+      if (ready) *ready = transfer->ready_count();
       return next_device(run, *transfer, output, reinterpret_cast<cuda::api::CUstream>(stream), raw, rows);
+    }
     Batch batch;
-    if (!wait(run, [&] { return run.pipeline->next(output, kSignalCheckInterval, &batch); })) return py::none();
+    int64_t* ready_at_entry = ready;  // counted by the first attempt only, under its lock
+    const bool more = wait(run, [&](std::chrono::milliseconds timeout) {
+      const NextStatus status = run.pipeline->next(output, timeout, &batch, ready_at_entry);
+      ready_at_entry = nullptr;
+      return status;
+    });
+    if (!more) return py::none();
     *rows = batch.rows;
     py::list parts;
     for (size_t p = 0; p < part_meta_.size(); ++p) {
@@ -275,12 +285,6 @@ class PyEngine {
   // The per-batch counters of the iterator (for the benchmark that measures what they cost).
   void set_counting(bool on) { counting_ = on; }
   bool counting() const { return counting_; }
-
-  // Batches built (and, for a GPU, copied) and waiting for `output`'s consumer.
-  int64_t ready(const Run& run, int output) const {
-    const auto& transfer = run.transfers[static_cast<size_t>(output)];
-    return transfer ? transfer->ready_count() : run.pipeline->ready_count(output);
-  }
 
   int64_t batch_bytes(int64_t rows) const {
     int64_t row = 0;
@@ -346,11 +350,14 @@ class PyEngine {
   }
 
  private:
-  // Waits in slices with the GIL released, checking for Ctrl-C in between. False at the end.
+  // step(timeout) takes a batch; it waits in slices with the GIL released, checking for Ctrl-C
+  // in between. False at the end. (A first attempt with the GIL held and no timeout was tried:
+  // 8-12% slower on the small-batch benchmarks, as the expired wait still sleeps on the
+  // condition variable and makes the workers signal it.)
   template <typename F>
   bool wait(const Run&, F&& step) {
     for (;;) {
-      const NextStatus status = without_gil(step);
+      const NextStatus status = without_gil([&] { return step(kSignalCheckInterval); });
       if (status == NextStatus::Ok) return true;
       if (status == NextStatus::End) return false;
       if (status == NextStatus::Cancelled) throw Cancelled();
@@ -361,7 +368,7 @@ class PyEngine {
   py::object next_device(const Run& run, cuda::TransferEngine& transfer, int output, cuda::api::CUstream stream,
                          bool raw, int64_t* rows) {
     cuda::DeviceBatch batch;
-    if (!wait(run, [&] { return transfer.next(run.pipeline.get(), stream, kSignalCheckInterval, &batch); }))
+    if (!wait(run, [&](std::chrono::milliseconds timeout) { return transfer.next(run.pipeline.get(), stream, timeout, &batch); }))
       return py::none();
     *rows = batch.rows;
     py::list parts;
@@ -442,11 +449,11 @@ class Iterator {
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
     const bool counting = engine.counting();
     const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
-    const int64_t ready = counting ? engine.ready(*run_, output_) : 0;
+    int64_t ready = 0;
     py::object parts;
     int64_t rows = 0;
     try {
-      parts = engine.take(*run_, output_, stream, raw_, &rows);
+      parts = engine.take(*run_, output_, stream, raw_, &rows, counting ? &ready : nullptr);
     } catch (const Cancelled&) {
       if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");

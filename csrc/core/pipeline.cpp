@@ -115,7 +115,10 @@ int64_t Pipeline::taken(int output) const {
 
 int64_t Pipeline::ready_count(int output) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const Output& o = *outputs_[output];
+  return ready_count_locked(*outputs_[output]);
+}
+
+int64_t Pipeline::ready_count_locked(const Output& o) const {
   int64_t n = 0;
   while (o.taken + n < o.next_claim) {
     const Slot& s = o.slots[static_cast<size_t>((o.taken + n) % prefetch_)];
@@ -232,11 +235,12 @@ void Pipeline::work() {
   }
 }
 
-NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* out) {
+NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* out, int64_t* ready_at_entry) {
   if (fork_generation() != fork_generation_)
     throw std::runtime_error("this epoch's threads belong to the parent of a fork()");
   std::unique_lock<std::mutex> lock(mutex_);
   Output& o = *outputs_.at(static_cast<size_t>(output));
+  if (ready_at_entry) *ready_at_entry = ready_count_locked(o);
   // The slot is looked up afresh on every wake: another consumer of this output may have taken
   // the batch this thread was waiting for.
   auto ready = [&] {

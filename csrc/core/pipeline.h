@@ -84,8 +84,10 @@ class Pipeline {
 
   // The next batch of `output` in order. Returns End after the last batch, Timeout if none
   // arrived in time (so the caller can check for signals), Cancelled after cancel(); throws
-  // CollationError if a worker failed. Several threads may wait on one output.
-  NextStatus next(int output, std::chrono::milliseconds timeout, Batch* out);
+  // CollationError if a worker failed. Several threads may wait on one output. ready_at_entry,
+  // if given, gets how many batches were ready in order when the call began (the stats' "ready
+  // at next()"), read under the same lock as the take.
+  NextStatus next(int output, std::chrono::milliseconds timeout, Batch* out, int64_t* ready_at_entry = nullptr);
   // A native consumer's taken batch left the loader's hands (handed out or dropped): its
   // window place is free for the next batch.
   void retire(int output);
@@ -119,6 +121,7 @@ class Pipeline {
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now
   bool worth_waking(const Output& o) const;  // under mutex_
+  int64_t ready_count_locked(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
   void build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch);
 
