@@ -42,7 +42,8 @@ BatchLayout::BatchLayout(std::vector<ColumnSpec> cols, bool index, bool valid, i
 Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<OutputSpec> outputs,
                    int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
                    int64_t fail_at_step)
-    : layout_(std::move(layout)), prefetch_(prefetch), pools_(std::move(pools)),
+    : layout_(std::move(layout)), prefetch_(prefetch), worker_wake_places_(std::max<int64_t>(1, prefetch / 4)),
+      pools_(std::move(pools)),
       fail_at_step_(fail_at_step), fork_generation_(fork_generation()) {
   if (prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " + std::to_string(prefetch));
@@ -146,6 +147,12 @@ bool Pipeline::claim(int* output, int64_t* step) {
   *output = best;
   *step = outputs_[best]->next_claim++;
   return true;
+}
+
+bool Pipeline::worth_waking_worker(const Output& o) const {
+  // Free places: those a worker may claim now. Every consumer waiting on an unclaimed batch has
+  // the whole window free (prefetch >= worker_wake_places_), so this never starves a consumer.
+  return o.retired + prefetch_ - o.next_claim >= worker_wake_places_ && o.next_claim < o.plan.num_batches();
 }
 
 bool Pipeline::worth_waking(const Output& o) const {
@@ -261,24 +268,29 @@ NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* 
   slot.ready = false;
   slot.step = -1;
   ++o.taken;
-  const bool freed = !o.native_consumer;
-  if (freed) ++o.retired;
+  bool wake_worker = false;
+  if (!o.native_consumer) {  // a Python consumer's take frees the window place (see retire)
+    ++o.retired;
+    wake_worker = worth_waking_worker(o);
+  }
   // Another consumer of this output may already be able to take the next batch.
   if (o.waiting > 0 && ready()) o.ready_cv.notify_one();
   lock.unlock();
-  if (freed) work_cv_.notify_one();  // a window place is free: one waiting worker may claim
+  if (wake_worker) work_cv_.notify_one();
   return NextStatus::Ok;
 }
 
 void Pipeline::retire(int output) {
   if (fork_generation() != fork_generation_) return;
+  bool wake_worker;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Output& o = *outputs_.at(static_cast<size_t>(output));
     if (o.retired >= o.taken) return;  // nothing taken is unretired: a double retire is harmless
     ++o.retired;
+    wake_worker = worth_waking_worker(o);
   }
-  work_cv_.notify_one();
+  if (wake_worker) work_cv_.notify_one();
 }
 
 }  // namespace fastload

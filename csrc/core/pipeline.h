@@ -122,11 +122,17 @@ class Pipeline {
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now
   bool worth_waking(const Output& o) const;  // under mutex_
   int64_t ready_count_locked(const Output& o) const;  // under mutex_
+  bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
   void build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch);
 
   std::shared_ptr<const BatchLayout> layout_;
   const int64_t prefetch_;
+  // A retire wakes a sleeping worker only once this many window places are free. When the loop
+  // is slower than the loader the window stays full, and waking a worker for every place meant a
+  // futex wake in every next() and a worker sleeping after each batch it built (~10 µs of the
+  // loop's thread per batch on the benchmark VM); once a quarter is free, one wake-up builds a run.
+  const int64_t worker_wake_places_;
   std::vector<std::shared_ptr<BufferPool>> pools_;  // one per layout part
   const int64_t fail_at_step_;
   const uint64_t fork_generation_;  // a forked child must not take mutex_ (see fork_guard.h)
