@@ -410,9 +410,10 @@ def run_ceiling(w: Workload, mm: np.ndarray, warmup: float, seconds: float,
     return measurement(meter.stop(), rows, rows // w.batch)
 
 
-# Without fl.tune, "tuned" is the README's rule for prefetch: a deeper window for batches under
-# ~1 MB (each wake-up of the consumer then takes prefetch/2 batches; a wake-up costs ~5-10 us
-# here, a small batch ~20 us to build); larger batches keep 4, as more in flight outgrow the caches.
+# Without fl.tune, "tuned" is a fixed rule for prefetch: a deeper window for batches under ~1 MB
+# (each wake-up of the consumer then takes prefetch/2 batches; a wake-up costs ~5-10 us here, a
+# small batch ~20 us to build); larger batches keep the default (few in flight: more outgrow the
+# caches).
 TUNED_PREFETCH = 16
 TUNED_BELOW_BYTES = 1 << 20
 
@@ -426,7 +427,7 @@ class Tuning:
 
 
 def rule_knobs(w: Workload) -> dict:
-    return {"prefetch": TUNED_PREFETCH if w.row_bytes * w.batch < TUNED_BELOW_BYTES else 4}
+    return {"prefetch": TUNED_PREFETCH} if w.row_bytes * w.batch < TUNED_BELOW_BYTES else {}
 
 
 def call_with_accepted(fn: Callable, *args, **kwargs):
@@ -692,6 +693,8 @@ def main() -> None:
                          "(default 30, quick 0)")
     ap.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                     help="let the tuned column use fl.tune where it exists (default: yes, no with --quick)")
+    ap.add_argument("--workload", action="append", default=None, metavar="TEXT",
+                    help="only the workloads whose name contains TEXT (repeatable; default: all four)")
     ap.add_argument("--json", type=Path, default=None, help="also write every round's figures to this file")
     ap.add_argument("--data-dir", type=Path, default=HERE / "data", help="where the .npy files live (default bench/data)")
     args = ap.parse_args()
@@ -718,7 +721,10 @@ def main() -> None:
 
     table = []
     stats = None
-    for w in workloads(args.quick):
+    chosen = [w for w in workloads(args.quick) if not args.workload or any(t in w.name for t in args.workload)]
+    if not chosen:
+        ap.error(f"no workload name contains any of {args.workload}")
+    for w in chosen:
         print(f"{w.name}: {w.num_samples()} samples of {w.row_bytes} B", flush=True)
         results = {key: Result() for key in COLUMNS}
         try:

@@ -107,7 +107,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     loader.add_argument("--threads", type=_positive_int, default=None, metavar="T",
                         help="collation threads (default: the CPUs this process may use)")
     loader.add_argument("--prefetch", type=_positive_int, default=None, metavar="P",
-                        help="batches in flight (default: the loader's, a 16 MiB budget within 4..32)")
+                        help="batches in flight (default: the loader's: a 16 MiB budget, at most 32, "
+                             "at least one per thread)")
     loader.add_argument("--streams", type=_positive_int, default=1, metavar="S",
                         help="copy streams per GPU (default: %(default)s; no effect on the CPU)")
     loader.add_argument("--device", default=None, metavar="DEV",

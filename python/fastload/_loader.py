@@ -98,7 +98,8 @@ class Loader:
         num_threads: collation threads. None: the CPUs this process may use, divided among this
             job's processes on the node (LOCAL_WORLD_SIZE and what other launchers tell).
         prefetch: batches per device being built, copied or waiting for you. None: as many as fit
-            in 16 MiB, at least 4 and at most 32. Loader-held memory is bounded by it.
+            in 16 MiB, at most 32, but at least one per thread (plus one per copy stream on a
+            GPU) and at least 2. Loader-held memory is bounded by it.
         streams: host-to-device copy streams per GPU (no effect on the CPU).
         with_index: add "index", the int64 sample ids of each batch.
         partition: "samples" (any sample to any rank; elastic) or "shards" (whole shards of a
