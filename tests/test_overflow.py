@@ -95,6 +95,18 @@ def test_prefetch_whose_buffers_exceed_memory_is_a_memory_error_naming_prefetch(
         fl.Loader(fl.Dataset({"x": rows}), batch_size=batch, prefetch=4, device="cpu")
 
 
+def test_the_default_prefetch_stays_within_a_quarter_of_memory_however_many_threads():
+    from fastload._arguments import memory_limit
+
+    row = 2**20
+    batch = memory_limit() // row // 20  # 5% of memory per batch: 5 fit in a quarter
+    rows = np.broadcast_to(np.zeros((1, row), np.uint8), (batch, row))
+    assert fl.Loader(fl.Dataset({"x": rows}), batch_size=batch, num_threads=64, device="cpu").stats().prefetch == 5
+    assert fl.Loader(fl.Dataset({"x": rows}), batch_size=batch, num_threads=3, device="cpu").stats().prefetch == 3
+    huge = np.broadcast_to(np.zeros((1, row), np.uint8), (memory_limit() // row // 4 + 1, row))
+    assert fl.Loader(fl.Dataset({"x": huge}), batch_size=len(huge), num_threads=8, device="cpu").stats().prefetch == 2
+
+
 def test_batch_bytes_overflowing_size_t_are_refused_before_reaching_the_core():
     # 1,024 columns of 2**53-byte rows: 2**64 bytes per 2-row batch wrap size_t to 0 in the core
     # (a segfault). The views point far outside their buffer: nothing may touch them, so this runs

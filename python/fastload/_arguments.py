@@ -66,9 +66,10 @@ def _fmt(n: int) -> str:
 
 
 def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefetch: int, num_threads: int,
-                        streams: int, with_index: bool, even: str) -> None:
+                        streams: int, with_index: bool, even: str, prefetch_origin: str = "") -> None:
     """Refuses values that would overflow a size in the core or cannot be held in memory; each
-    error names the argument and its value. Runs before anything is handed to C++."""
+    error names the argument and its value (prefetch_origin says where a default prefetch came
+    from). Runs before anything is handed to C++."""
     if num_threads > MAX_THREADS:
         raise ValueError(f"num_threads must be at most {MAX_THREADS} (more threads only contend for "
                          f"memory bandwidth), got {num_threads}")
@@ -97,5 +98,5 @@ def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefet
         raise MemoryError(f"a batch of batch_size={batch_size} takes {_fmt(one)} over {len(specs)} column(s), "
                           f"more than this machine's memory ({_fmt(limit)}); lower batch_size")
     if one * (prefetch + 1) > limit:
-        raise MemoryError(f"prefetch={prefetch} keeps up to {prefetch + 1} batches of {_fmt(one)} in memory, "
-                          f"more than this machine's memory ({_fmt(limit)}); lower prefetch or batch_size")
+        raise MemoryError(f"prefetch={prefetch}{prefetch_origin} keeps up to {prefetch + 1} batches of {_fmt(one)} "
+                          f"in memory, more than this machine's memory ({_fmt(limit)}); lower prefetch or batch_size")

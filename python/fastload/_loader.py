@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import _C, _lifecycle
-from ._arguments import check_loader_limits
+from ._arguments import check_loader_limits, memory_limit
 from ._columns import part_row_bytes
 from ._dataset import Dataset, Windows, _as_int
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
@@ -40,10 +40,12 @@ def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid:
     """Batches in flight per device when prefetch is not given: as many as fit in
     PREFETCH_BUDGET_BYTES (at most PREFETCH_MAX), but at least one per collation thread plus one per
     copy stream on a GPU (each thread builds a whole batch, and a batch being copied keeps its
-    place), and at least PREFETCH_MIN."""
+    place), and at least PREFETCH_MIN. The per-thread floor stops at a quarter of the machine's
+    memory: with huge batches, idle threads are better than a default that cannot be allocated."""
     row = sum(part_row_bytes(source.column_specs())) + 8 * with_index + with_valid
     batch = max(1, row * min(batch_size, len(source)))
-    busy = max(PREFETCH_MIN, num_threads + copy_streams)
+    fits = memory_limit() // (4 * batch)
+    busy = max(PREFETCH_MIN, min(num_threads + copy_streams, fits))
     return max(busy, min(PREFETCH_MAX, PREFETCH_BUDGET_BYTES // batch))
 # Samples per block for order="block": large enough that a block is a long sequential read.
 _BLOCK_SIZE = 4096
@@ -155,13 +157,16 @@ class Loader:
         self._partition = partition
         self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
+        prefetch_origin = ""
         if prefetch is None:
             copy_streams = self._streams if self._device.type == "cuda" else 0
             prefetch = default_prefetch(source, self._batch_size, bool(with_index), even == "mask", threads,
                                         copy_streams)
+            prefetch_origin = f" (the default: at least one batch per thread, num_threads={threads})"
         self._prefetch = prefetch
         check_loader_limits(source, batch_size=self._batch_size, world_size=self._world_size, prefetch=self._prefetch,
-                            num_threads=threads, streams=self._streams, with_index=with_index, even=even)
+                            num_threads=threads, streams=self._streams, with_index=with_index, even=even,
+                            prefetch_origin=prefetch_origin)
         self._source_states = source.column_states()  # where the bytes are: checked at every iter()/split()
         self._source = source
         self._shuffle, self._drop_last, self._with_index = bool(shuffle), bool(drop_last), bool(with_index)
