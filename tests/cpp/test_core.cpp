@@ -870,6 +870,26 @@ TEST_CASE(sampler_rejects_bad_configurations) {
 
 // ================================================================ gather
 
+namespace {
+// Gathers ids[0..count) from `src` (rows of row_bytes every pitch bytes) and compares each row
+// with its source; also checks nothing is written past the batch.
+bool gathers_exactly(const std::vector<uint8_t>& src, int64_t rows, int64_t pitch, int64_t row_bytes,
+                     const int64_t* ids, int64_t count) {
+  ColumnSpec c;
+  c.name = "c";
+  c.base = reinterpret_cast<const std::byte*>(src.data());
+  c.rows = rows;
+  c.pitch = pitch;
+  c.row_bytes = row_bytes;
+  std::vector<uint8_t> dst(static_cast<size_t>(count * row_bytes) + 1, 0xEE);
+  gather_rows(c, ids, count, reinterpret_cast<std::byte*>(dst.data()));
+  bool ok = dst.back() == 0xEE;
+  for (int64_t i = 0; i < count; ++i)
+    ok &= std::memcmp(dst.data() + i * row_bytes, src.data() + ids[i] * pitch, static_cast<size_t>(row_bytes)) == 0;
+  return ok;
+}
+}  // namespace
+
 TEST_CASE(gather_rows_every_size_and_overlapping_windows) {
   std::mt19937_64 rng(7);
   for (int64_t row_bytes : {1, 2, 3, 4, 8, 16, 24, 32, 64, 100, 128, 256, 300}) {
@@ -877,25 +897,12 @@ TEST_CASE(gather_rows_every_size_and_overlapping_windows) {
       const int64_t rows = 97;
       std::vector<uint8_t> src(static_cast<size_t>((rows - 1) * pitch + row_bytes));
       for (auto& x : src) x = static_cast<uint8_t>(rng());
-      ColumnSpec c;
-      c.name = "c";
-      c.base = reinterpret_cast<const std::byte*>(src.data());
-      c.rows = rows;
-      c.pitch = pitch;
-      c.row_bytes = row_bytes;
       std::vector<int64_t> ids(300);
       for (auto& id : ids) id = static_cast<int64_t>(rng() % rows);
       ids[0] = rows - 1;  // the last row ends at the end of the source
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{300}}) {
-        std::vector<uint8_t> dst(static_cast<size_t>(count * row_bytes) + 1, 0xEE);
-        gather_rows(c, ids.data(), count, reinterpret_cast<std::byte*>(dst.data()));
-        bool ok = true;
-        for (int64_t i = 0; i < count; ++i)
-          ok &= std::memcmp(dst.data() + i * row_bytes, src.data() + ids[i] * pitch,
-                            static_cast<size_t>(row_bytes)) == 0;
-        ok &= dst.back() == 0xEE;  // nothing written past the batch
-        CHECK_MSG(ok, "row_bytes=" << row_bytes << " pitch=" << pitch << " count=" << count);
-      }
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{300}})
+        CHECK_MSG(gathers_exactly(src, rows, pitch, row_bytes, ids.data(), count),
+                  "row_bytes=" << row_bytes << " pitch=" << pitch << " count=" << count);
     }
   }
 }
@@ -910,20 +917,9 @@ TEST_CASE(gather_rows_large_rows_with_and_without_streaming_stores) {
       const int64_t rows = 9, pitch = row_bytes + 3;
       std::vector<uint8_t> src(static_cast<size_t>(rows * pitch));
       for (auto& x : src) x = static_cast<uint8_t>(rng());
-      ColumnSpec c;
-      c.name = "c";
-      c.base = reinterpret_cast<const std::byte*>(src.data());
-      c.rows = rows;
-      c.pitch = pitch;
-      c.row_bytes = row_bytes;
       const std::vector<int64_t> ids = {8, 0, 3, 3, 7, 1};
-      const int64_t count = static_cast<int64_t>(ids.size());
-      std::vector<uint8_t> dst(static_cast<size_t>(count * row_bytes) + 1, 0xEE);
-      gather_rows(c, ids.data(), count, reinterpret_cast<std::byte*>(dst.data()));
-      bool ok = dst.back() == 0xEE;
-      for (int64_t i = 0; i < count; ++i)
-        ok &= std::memcmp(dst.data() + i * row_bytes, src.data() + ids[i] * pitch, static_cast<size_t>(row_bytes)) == 0;
-      CHECK_MSG(ok, "threshold=" << threshold << " row_bytes=" << row_bytes);
+      CHECK_MSG(gathers_exactly(src, rows, pitch, row_bytes, ids.data(), static_cast<int64_t>(ids.size())),
+                "threshold=" << threshold << " row_bytes=" << row_bytes);
     }
   }
   set_streaming_min_part_bytes(-1);
