@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import os
 import subprocess
 import sys
@@ -396,6 +397,22 @@ def test_dataset_directory_with_a_ragged_column_on_the_device(driver, tmp_path):
             assert (row[length:] == -1).all()
         n += len(ids)
     assert n == 700
+
+
+def test_the_stall_hint_names_streams_when_the_copies_are_the_bottleneck(driver, caplog):
+    # Tiny batches (collation costs next to nothing) and copies the stand-in delays by up to 4 ms
+    # each on one stream: the loop waits on the copies, and the hint must say so.
+    driver.fake_cuda_configure(b"max_delay_us", 4000)
+    try:
+        loader = gpu_loader(fl.Dataset({"x": np.zeros((1600, 4), np.float32)}), 4, streams=1, prefetch=8)
+        with caplog.at_level(logging.WARNING, logger="fastload"):
+            for _batch in loader:
+                pass
+    finally:
+        driver.fake_cuda_configure(b"max_delay_us", 100)
+    hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
+    assert len(hints) == 1, hints
+    assert "waited for data" in hints[0] and "raise streams (now 1)" in hints[0], hints[0]
 
 
 def test_stats_count_the_copies_of_each_device(driver):

@@ -89,6 +89,21 @@ def test_no_hint_when_the_loop_is_the_bottleneck(caplog):
     assert not [r for r in caplog.records if r.name == "fastload"]
 
 
+@pytest.mark.parametrize("collating, copying, knob", [
+    (0.95, 0.0, "raise num_threads"),     # the collation threads are the bottleneck
+    (0.95, 0.95, "raise num_threads"),    # both busy: more threads first, copies wait on them
+    (0.5, 0.9, "raise streams (now 2)"),  # a GPU's copy streams are the bottleneck
+    (0.7, 0.7, "raise prefetch (now 8)"), # neither busier than 70%: batches came unevenly
+    (0.1, 0.0, "raise prefetch (now 8)"),
+])
+def test_the_stall_hint_names_the_busiest_stage(collating, copying, knob):
+    from fastload import _C
+    advice = _C._stall_advice(collating, copying, num_threads=3, streams=2, prefetch=8)
+    assert knob in advice, advice
+    if "num_threads" in knob:
+        assert "(3 threads)" in advice
+
+
 def test_stats_repr_is_a_table():
     loader = fl.Loader(fl.Dataset({"x": np.arange(10)}), 5, device="cpu")
     list(loader)

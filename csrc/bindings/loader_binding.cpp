@@ -328,15 +328,7 @@ class PyEngine {
     double copying = 0;
     for (const auto& t : run.transfers)
       if (t) copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
-    std::string knob;
-    if (collating > 0.7)
-      knob = "collation is the bottleneck (" + std::to_string(engine_->num_threads()) +
-             " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
-    else if (copying > 0.7)
-      knob = "the host-to-device copy is the bottleneck: raise streams (now " + std::to_string(streams_) +
-             "), or store fewer bytes per sample";
-    else
-      knob = "batches arrive irregularly: raise prefetch (now " + std::to_string(prefetch_) + ")";
+    const std::string knob = stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_);
     pending_warning_ = "fastload: the training loop waited for data " + std::to_string(static_cast<int>(share * 100)) +
                        "% of the time over the last " + std::to_string(RunStats::kWindow) + " batches; " + knob +
                        ". See loader.stats().";

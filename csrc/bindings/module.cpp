@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bindings/loader_binding.h"
+#include "bindings/run_stats.h"
 #include "bindings/without_gil.h"
 #include "core/checksum.h"
 #include "core/cpu_cache.h"
@@ -190,4 +191,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_streaming_min_part_bytes", &streaming_min_part_bytes);
   m.def("_set_streaming_min_part_bytes", &set_streaming_min_part_bytes, py::arg("bytes"));
   m.def("_last_level_cache_bytes", &last_level_cache_bytes);
+
+  // The stall hint's choice of knob from stage busy shares (see run_stats.h). Private: tests check
+  // every branch without having to make a real loop stall for each reason.
+  m.def("_stall_advice", &stall_advice, py::arg("collating"), py::arg("copying"), py::arg("num_threads"),
+        py::arg("streams"), py::arg("prefetch"));
 }

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace fastload {
 
@@ -44,5 +45,21 @@ struct RunStats {
   std::array<int64_t, kWindow> waits_{};
   std::array<Clock::time_point, kWindow> times_{};
 };
+
+// The knob a stall hint names, from how busy each stage was since the epoch began: the share of
+// the collation threads' time spent building batches, and of the busiest GPU's copy streams'
+// time spent copying (0 on the CPU path). A stage busy more than kBusyShare of the time is the
+// bottleneck; when neither is, the data came but came unevenly, which a deeper window absorbs.
+inline constexpr double kBusyShare = 0.7;
+
+inline std::string stall_advice(double collating, double copying, int num_threads, int streams, int64_t prefetch) {
+  if (collating > kBusyShare)
+    return "collation is the bottleneck (" + std::to_string(num_threads) +
+           " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
+  if (copying > kBusyShare)
+    return "the host-to-device copy is the bottleneck: raise streams (now " + std::to_string(streams) +
+           "), or store fewer bytes per sample";
+  return "batches arrive irregularly: raise prefetch (now " + std::to_string(prefetch) + ")";
+}
 
 }  // namespace fastload
