@@ -40,6 +40,10 @@ def test_counts_match_what_the_loop_saw():
     mem = loader._memory()
     assert (s.host_bytes, s.pinned_bytes, s.device_bytes) == (mem["host_bytes"], 0, 0)
     assert s.host_allocations == mem["host_allocations"] > 0
+    # The documented bound: (prefetch + 2) batches of host memory, one buffer per part (x, y, index).
+    assert 0 < s.host_bytes <= (4 + 2) * 64 * (3 * 4 + 8 + 8)
+    assert s.host_allocations % 3 == 0
+    assert s.collation.busy_s <= s.wall_s * mem["num_threads"]
     assert "handed out" in str(s) and "16 batches" in str(s)
 
 
