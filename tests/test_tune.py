@@ -128,11 +128,19 @@ def test_bad_sources_are_explained(npy: Path, tokens: Path, tmp_path: Path, caps
     assert code == 2 and "uint16" in err
 
 
-def test_a_directory_needs_dataset_open(tmp_path: Path) -> None:
-    if hasattr(fl.Dataset, "open"):
-        pytest.skip("fl.Dataset.open exists: directories are read by it (tested with it)")
-    with pytest.raises(ValueError, match="fl.Dataset.open"):
-        fl.tune(tmp_path, batch_size=8)
+def test_a_dataset_directory_is_tuned_through_dataset_open(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(1)
+    fl.write_dataset(tmp_path / "ds", {"x": rng.standard_normal((3000, 4)).astype(np.float32),
+                                       "y": rng.integers(0, 10, 3000)}, rows_per_shard=700)
+    code, out, err = cli(capsys, str(tmp_path / "ds"), "--batch-size", "32", *FAST, "--no-progress")
+    assert code == 0, err
+    assert "3,000 samples of 24 B" in out  # 4 float32 + one int64 per row, over 5 shards
+    assert "fl.Loader(source, batch_size=32, num_threads=" in out
+    code, _, err = cli(capsys, str(tmp_path / "ds"), "--batch-size", "32", "--window", "4")
+    assert code == 2 and "--window applies to a token file" in err
+    result = fl.tune(tmp_path / "ds", batch_size=32, threads=[1], prefetch=[2], seconds=0.05, repeats=1,
+                     progress=False)
+    assert result.args["batch_size"] == 32 and result.args["num_threads"] == 1
 
 
 def test_tune_returns_arguments_that_construct_a_loader() -> None:

@@ -252,13 +252,9 @@ def open_source(path: str | os.PathLike[str], window: tuple[int, int] | None = N
     directory (``fl.Dataset.open``). Raises ValueError saying what is wrong."""
     p = Path(path)
     if p.is_dir():
-        opener = getattr(Dataset, "open", None)
-        if opener is None:
-            raise ValueError(f"{p} is a directory, and this fastload has no fl.Dataset.open to read a dataset "
-                             f"directory; pass a .npy file or a token .bin file with --window")
         if window is not None:
             raise ValueError("--window applies to a token file, not to a dataset directory")
-        return opener(p)
+        return Dataset.open(p)
     if not p.is_file():
         raise ValueError(f"no such file or directory: {str(p)!r}")
     if p.suffix == ".npy":
