@@ -190,7 +190,12 @@ class TuneResult:
             if len(streams) > 1:
                 ax.set_title(f"streams {s}", fontsize=9)
         axes[0][0].set_ylabel("M samples/s (median of rounds)")
-        axes[0][-1].legend(fontsize=7, loc="lower right")
+        # One legend for all panels: the fastest and the recommended point may sit in different ones.
+        handles: dict[str, Any] = {}
+        for ax in axes[0]:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(label, handle)
+        axes[0][-1].legend(list(handles.values()), list(handles), fontsize=7, loc="lower right")
         fig.suptitle(f"fastload tune: {Path(self.source).name or self.source}, batch {self.batch_size}, "
                      f"{self.device}", fontsize=10)
         fig.tight_layout()
