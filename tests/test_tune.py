@@ -189,7 +189,6 @@ def test_recommendation_prefers_fewer_threads_then_smaller_prefetch_within_3_per
     assert recommended.knobs == fastest.knobs == (2, 2, 1)
 
 
-
 def test_a_gpu_result_reports_and_plots_its_streams(tmp_path: Path) -> None:
     # No GPU here to measure on, so a result as tune builds it on one: the streams axis must show
     # in the table, the summary, the arguments and the plot, and fewer streams win within 3%.
@@ -201,14 +200,14 @@ def test_a_gpu_result_reports_and_plots_its_streams(tmp_path: Path) -> None:
     fastest, recommended = _tune.recommend(rows)
     assert fastest.knobs == (2, 4, 2)
     assert recommended.knobs == (2, 4, 1)  # 216 is within 3% of 221 with one stream fewer
-    result = fl.TuneResult(args={"batch_size": 8, "num_threads": 2, "prefetch": 4, "device": "cuda:0", "streams": 1},
-                           recommended=recommended, fastest=fastest, rows=rows, source="x.npy", batch_size=8,
+    result = fl.TuneResult(args=_tune.loader_args(recommended, 8, "cuda:0"), recommended=recommended, fastest=fastest, rows=rows, source="x.npy", batch_size=8,
                            row_bytes=1024, device="cuda:0", seconds=1.0, repeats=2, elapsed_s=12.0)
     table = result.table().splitlines()
     assert table[0].split()[:3] == ["threads", "prefetch", "streams"]
     assert table[6].split()[:3] == ["2", "4", "2"] and table[6].endswith("<- fastest")
     assert table[5].split()[:3] == ["2", "4", "1"] and table[5].endswith("<- recommended")
     assert "recommended: num_threads=2 prefetch=4 streams=1" in result.summary()
+    assert _tune.loader_args(recommended, 8, "cpu") == {"batch_size": 8, "num_threads": 2, "prefetch": 4}
     assert "fl.Loader(source, batch_size=8, num_threads=2, prefetch=4, device='cuda:0', streams=1)" in str(result)
     if not _tune.matplotlib_missing():
         result.plot(tmp_path / "gpu.png")  # one panel per stream count

@@ -529,14 +529,19 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
                       wait_share=statistics.median(x[1] for x in measured[k]),
                       rounds=tuple(x[0] for x in measured[k]), other_cores=others(k)) for k in grid]
     fastest, recommended = recommend(rows)
-    args: dict[str, Any] = {"batch_size": batch_size, "num_threads": recommended.num_threads,
-                            "prefetch": recommended.prefetch}
-    if gpu:
-        args["device"] = str(dev)
-        args["streams"] = recommended.streams
-    return TuneResult(args=args, recommended=recommended, fastest=fastest, rows=rows, source=name,
+    return TuneResult(args=loader_args(recommended, batch_size, str(dev)), recommended=recommended, fastest=fastest, rows=rows, source=name,
                       batch_size=batch_size, row_bytes=row_bytes, device=str(dev), seconds=seconds,
                       repeats=repeats, elapsed_s=time.perf_counter() - began, defaults=_defaults(src, batch_size))
+
+
+def loader_args(point: TunePoint, batch_size: int, device: str) -> dict[str, Any]:
+    """Keyword arguments for fl.Loader(source, **args) that set ``point``: device and streams
+    only on a GPU (on the CPU the Loader's own device choice is the one measured)."""
+    args: dict[str, Any] = {"batch_size": batch_size, "num_threads": point.num_threads, "prefetch": point.prefetch}
+    if device.startswith("cuda"):
+        args["device"] = device
+        args["streams"] = point.streams
+    return args
 
 
 def recommend(rows: Sequence[TunePoint]) -> tuple[TunePoint, TunePoint]:
