@@ -22,9 +22,10 @@ import numpy as np
 
 from . import _C
 from ._columns import ColumnSpec, ColumnState, _FileBacking, check_column_state, column_state
-from ._dataset import Dataset, _redeclare
 from ._ragged import Ragged
+from ._columns import array_source
 from ._shards import describe_shards, output_names
+from ._source import redeclare as _redeclare
 
 MANIFEST = "manifest.json"
 FORMAT = "fastload-dataset"
@@ -163,9 +164,10 @@ def read_manifest(root: str) -> dict[str, Any]:
     return manifest
 
 
-class DiskDataset(Dataset):
-    """A dataset directory opened by Dataset.open: one Dataset whose columns are the directory's
-    shards, memory-mapped when a Loader first needs them."""
+class DiskDataset:
+    """A dataset directory opened by Dataset.open: a source (fastload.Source) whose columns are the
+    directory's shards, memory-mapped when a Loader first needs them. It is a peer of Dataset, not
+    a kind of it: it makes the same native array source from its mapped shards."""
 
     def __init__(self, path: str | os.PathLike, verify: bool = False, pad: Any = 0, max_length: Any = None):
         root = os.fspath(path)
@@ -270,6 +272,19 @@ class DiskDataset(Dataset):
                 specs.append(ragged._describe(col.name))
         return specs
 
+    def native_source(self) -> Any:
+        """The native source the collation threads gather from (see fastload.Source)."""
+        return array_source(self.column_specs())
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples per shard, in order; None for a directory of one shard."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
+
+    def _declared(self) -> list[int] | None:
+        return None if self._real_shards else self.shard_rows
+
     def _files_and_arrays(self) -> list[tuple[str, _File, np.ndarray]]:
         out = []
         for col, arrays in zip(self._disk_columns, self._mapped()):
@@ -281,12 +296,12 @@ class DiskDataset(Dataset):
                     out.append((f"{col.name}[{k}] offsets", f[1], a[1]))
         return out
 
-    def column_states(self) -> list[ColumnState]:
+    def fingerprint(self) -> list[ColumnState]:
         """Every shard file's array and size: a file truncated or replaced under the mapping is
         reported at the next iter() instead of killing the process with SIGBUS."""
         return [column_state(label, a, "shard", backing=_backing(f, a)) for label, f, a in self._files_and_arrays()]
 
-    def check_column_states(self, states: list[ColumnState]) -> None:
+    def check_fingerprint(self, states: list[ColumnState]) -> None:
         for state, (_, _, a) in zip(states, self._files_and_arrays()):
             check_column_state(state, a, "shard")
 
