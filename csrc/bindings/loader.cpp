@@ -13,6 +13,7 @@
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
 #include "bindings/exit_parking.h"
+#include "bindings/py_source.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
 #include "bindings/testing.h"
@@ -46,6 +47,7 @@ class PyEngine {
     o.engine.batch_size = batch_size;
     o.streams = streams;
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
+    python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
   }
 
@@ -60,15 +62,19 @@ class PyEngine {
                              int64_t fail_at_step, const std::vector<int>& devices) {
     std::vector<EpochPlan> plans;
     for (const SamplerConfig& c : configs) plans.emplace_back(c, epoch, start_position);
-    return without_gil([&] { return runtime_->start(std::move(plans), fail_at_step, devices); });
+    auto run = without_gil([&] { return runtime_->start(std::move(plans), fail_at_step, devices); });
+    if (python_) python_->reset_user_ns();  // the epoch's time in user code starts now
+    return run;
   }
 
   // The next batch's parts (None at the end) as DLPack capsules, or RawDevicePart with raw=True
   // (tests with the stand-in driver). For a GPU output `stream` is the consumer's stream, made to
   // wait on the batch's copy. `ready`, if given, gets the batches ready when the call began.
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* ready) {
+  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* ready,
+                  std::shared_ptr<void>* extras) {
     runtime_->check_not_forked();
-    if (run.transfers.at(static_cast<size_t>(output))) return take_device(run, output, stream, raw, rows, ready);
+    if (run.transfers.at(static_cast<size_t>(output)))
+      return take_device(run, output, stream, raw, rows, ready, extras);
     Batch batch;
     int64_t* ready_at_entry = ready;  // counted by the first attempt only
     const bool more = wait([&](std::chrono::milliseconds timeout) {
@@ -78,6 +84,7 @@ class PyEngine {
     });
     if (!more) return py::none();
     *rows = batch.rows;
+    *extras = std::move(batch.extras);
     const BatchLayout& L = runtime_->layout();
     py::list parts;
     for (size_t p = 0; p < L.num_parts(); ++p) {
@@ -124,6 +131,7 @@ class PyEngine {
         copies[py::str("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o))] =
             stage(run.transfers[o]->copy_times());
     d["copy"] = copies;
+    d["user_s"] = python_ ? static_cast<double>(python_->user_ns()) * 1e-9 : 0.0;
     d["num_threads"] = runtime_->num_threads();
     d["prefetch"] = runtime_->prefetch();
     d["streams"] = runtime_->streams();
@@ -145,6 +153,8 @@ class PyEngine {
   }
 
   const std::vector<py::str>& names() const { return names_; }
+  const std::shared_ptr<PythonSource>& python_source() const { return python_; }
+  void set_timeout(double seconds) { timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
   const BatchLayout& layout() const { return runtime_->layout(); }
   std::shared_ptr<BatchLayout> layout_copy() const { return std::make_shared<BatchLayout>(runtime_->layout()); }
   void set_misuse(const std::string& m) { runtime_->set_misuse(parse_misuse(m)); }
@@ -158,17 +168,26 @@ class PyEngine {
   // 8-12% slower on the small-batch benchmarks, as the expired wait still sleeps on the
   // condition variable and makes the workers signal it.)
   template <typename F>
-  static bool wait(F&& step) {
+  bool wait(F&& step) {
     for (;;) {
       const NextStatus status = without_gil([&] { return step(kSignalCheckInterval); });
       if (status == NextStatus::Ok) return true;
       if (status == NextStatus::End) return false;
       if (status == NextStatus::Cancelled) throw Cancelled();
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (python_ && timeout_.count() > 0) {
+        const std::string late = python_->overdue(timeout_);
+        if (!late.empty()) {
+          PyErr_SetString(PyExc_TimeoutError, ("fastload: " + late + " (timeout=" +
+                                               std::to_string(timeout_.count() / 1000.0) + " s)").c_str());
+          throw py::error_already_set();
+        }
+      }
     }
   }
 
-  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* ready) {
+  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* ready,
+                         std::shared_ptr<void>* extras) {
     const auto stream = reinterpret_cast<cuda::api::CUstream>(raw_stream);
     cuda::DeviceBatch batch;
     int64_t* ready_at_entry = ready;
@@ -179,6 +198,7 @@ class PyEngine {
     });
     if (!more) return py::none();
     *rows = batch.rows;
+    *extras = std::move(batch.extras);
     const BatchLayout& L = runtime_->layout();
     py::list parts;
     for (size_t p = 0; p < L.num_parts(); ++p) {
@@ -208,6 +228,8 @@ class PyEngine {
   }
 
   py::object source_;  // declared first: destroyed last, after the runtime has joined its threads
+  std::shared_ptr<PythonSource> python_;  // the source, when it is a Python dataset
+  std::chrono::milliseconds timeout_{0};  // a call into the dataset longer than this fails next()
   std::unique_ptr<LoaderRuntime> runtime_;
   std::vector<py::str> names_;
   bool counting_ = true;
@@ -247,8 +269,9 @@ class Iterator {
     int64_t ready = 0;
     py::object parts;
     int64_t rows = 0;
+    std::shared_ptr<void> extras;
     try {
-      parts = engine.take(*run_, output_, stream, raw_, &rows, counting ? &ready : nullptr);
+      parts = engine.take(*run_, output_, stream, raw_, &rows, counting ? &ready : nullptr, &extras);
     } catch (const Cancelled&) {
       if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
@@ -259,8 +282,23 @@ class Iterator {
     if (parts.is_none()) throw py::stop_iteration();
     py::list list = py::reinterpret_borrow<py::list>(parts);
     const std::vector<py::str>& names = engine.names();
-    py::dict batch;
-    for (size_t i = 0; i < names.size(); ++i) batch[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
+    py::object batch;
+    if (const auto& python = engine.python_source()) {
+      // The sample's own structure: its parts, then the loader's (index, valid) added to a dict.
+      const size_t own = engine.layout().source_parts;
+      std::vector<py::object> tensors;
+      std::vector<std::pair<py::str, py::object>> loader_parts;
+      for (size_t i = 0; i < names.size(); ++i) {
+        py::object t = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
+        if (i < own) tensors.push_back(std::move(t));
+        else loader_parts.emplace_back(names[i], std::move(t));
+      }
+      batch = python->assemble(tensors, extras, loader_parts);
+    } else {
+      py::dict d;
+      for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
+      batch = std::move(d);
+    }
     ++run_->handed[static_cast<size_t>(output_)];
     if (counting) {
       const int64_t bytes = static_cast<int64_t>(engine.layout().batch_bytes(rows));
@@ -294,6 +332,17 @@ class Iterator {
 void translate_collation_error(const CollationError& e) {
   try {
     std::rethrow_exception(e.original());
+  } catch (const SampleError& s) {
+    // fastload.SampleError with the batch context, chained to the dataset's own exception (and
+    // its traceback) as __cause__.
+    py::object type = py::module_::import("fastload._python_source").attr("SampleError");
+    py::object error = type(py::str(e.what()));
+    if (s.exception() && s.exception()->get()) {
+      PyObject* cause = s.exception()->get();
+      Py_INCREF(cause);
+      PyException_SetCause(error.ptr(), cause);
+    }
+    PyErr_SetObject(type.ptr(), error.ptr());
   } catch (const std::bad_alloc&) {
     PyErr_SetString(PyExc_MemoryError, e.what());
   } catch (const std::invalid_argument&) {
@@ -342,6 +391,7 @@ void register_loader(py::module_& m) {
       .def("memory", &PyEngine::memory)
       .def("stats", &PyEngine::stats, py::arg("epoch"))
       .def_property_readonly("layout", &PyEngine::layout_copy)
+      .def("set_timeout", &PyEngine::set_timeout, py::arg("seconds"))
       .def("_set_misuse", &PyEngine::set_misuse)
       .def("_set_counting", &PyEngine::set_counting);
 

@@ -29,6 +29,7 @@ struct FillRequest {
   const int64_t* ids = nullptr;
   int64_t count = 0;
   std::byte* const* parts = nullptr;  // the source's parts, in schema order
+  uint64_t seed = 0;                  // the loader's seed (per-sample randomness derives from it)
   int64_t epoch = 0;
   int64_t step = 0;                   // the batch's step in its output
   int thread = 0;                     // the collation thread filling it, in [0, num_threads)

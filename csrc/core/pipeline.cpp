@@ -169,6 +169,7 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   request.ids = ids;
   request.count = span.count;
   request.parts = part_ptrs;
+  request.seed = plan.config().seed;
   request.epoch = plan.epoch();
   request.step = step;
   request.thread = thread;

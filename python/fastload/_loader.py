@@ -14,6 +14,8 @@ import torch
 from . import _C, _lifecycle
 from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory_limit
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
+from ._dataloader_args import refuse_dataloader_args
+from ._python_source import PythonSource
 from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
 from ._state import check_state, make_state
 from ._stats import LoaderStats
@@ -21,6 +23,7 @@ from ._stats import LoaderStats
 _EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
 _ORDER: tuple[str, ...] = tuple(_C.ORDERS)
 _PARTITION: tuple[str, ...] = tuple(_C.PARTITIONS)
+_WORKERS = ("threads", "processes")
 _MAX_SEED = 2**64 - 1
 # prefetch=None: as many batches as fit in this budget, at most PREFETCH_MAX, and never fewer
 # than keep every stage busy (see default_prefetch). Small batches come every few µs, and a deeper
@@ -111,12 +114,15 @@ class Loader:
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
     """
 
-    def __init__(self, source: Source, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+    def __init__(self, source: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, order: str = "random", rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
                  device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
-                 streams: int = 1, with_index: bool = False, partition: str = "samples"):
-        source = as_source(source)
+                 streams: int = 1, with_index: bool = False, partition: str = "samples",
+                 num_workers: int | None = None, workers: str = "threads", pad: Any = None, max_length: Any = None,
+                 collate_fn: Any = None, worker_init_fn: Any = None, timeout: float | None = None,
+                 pin_memory: bool | None = None, persistent_workers: bool | None = None, **dataloader_args: Any):
+        refuse_dataloader_args(dataloader_args)
         self._batch_size = _as_int("batch_size", batch_size)
         if self._batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {self._batch_size}")
@@ -137,9 +143,22 @@ class Loader:
         self._streams = _as_int("streams", streams)
         if self._streams <= 0:
             raise ValueError(f"streams must be positive, got {self._streams}")
-        threads = default_num_threads() if num_threads is None else _as_int("num_threads", num_threads)
+        if num_threads is not None and num_workers is not None:
+            raise ValueError(f"num_threads and num_workers name the same thing (the threads or processes that build "
+                             f"batches); give one, got num_threads={num_threads!r} and num_workers={num_workers!r}")
+        threads_given = num_workers if num_threads is None else num_threads
+        threads_name = "num_threads" if num_workers is None else "num_workers"
+        threads = default_num_threads() if threads_given is None else _as_int(threads_name, threads_given)
         if threads <= 0:
-            raise ValueError(f"num_threads must be positive, got {threads}")
+            raise ValueError(f"{threads_name} must be positive, got {threads}"
+                             + (" (fastload has no main-process mode: 1 runs one worker thread)" if threads == 0 else ""))
+        if workers not in _WORKERS:
+            raise ValueError(f"workers must be one of {_WORKERS}, got {workers!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+        source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
+                           worker_init_fn=worker_init_fn, seed=self._seed)
+        self._check_python_options(source, workers, bool(with_index), even)
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
         if partition not in _PARTITION:
             raise ValueError(f"partition must be one of {_PARTITION}, got {partition!r}")
@@ -178,6 +197,8 @@ class Loader:
         self._names = list(layout.names)
         self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
                                  self._streams)
+        if timeout:
+            self._engine.set_timeout(float(timeout))
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
         self._run_start = 0  # the running epoch's start position (non-zero after a resume)
@@ -191,6 +212,18 @@ class Loader:
         # driver's "device" memory is host memory that torch cannot import as CUDA).
         self._raw_device_batches = False
         _lifecycle.register(self)
+
+    @staticmethod
+    def _check_python_options(source: Any, workers: str, with_index: bool, even: str) -> None:
+        python = isinstance(source, PythonSource)
+        if workers == "processes" and not python:
+            raise ValueError("workers='processes' runs a Python dataset's __getitem__ in worker processes; "
+                             f"{type(source).__name__} is gathered natively by threads")
+        if python and (with_index or even == "mask") and (source.collates or not source.dict_samples):
+            what = "with_index=True" if with_index else "even='mask'"
+            how = "with collate_fn" if source.collates else "with samples that are not dicts"
+            raise ValueError(f"{what} adds 'index'/'valid' to each batch dict; that is not possible {how}: "
+                             "return a dict from __getitem__")
 
     # ------------------------------------------------------------------ properties
     @property

@@ -9,6 +9,7 @@ BatchLayout): part sizes, types and names are asked of it, never recomputed here
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from . import _C
@@ -85,14 +86,25 @@ def batch_bytes_of(source: Any, batch_size: int, with_index: bool = False, with_
     return batch_layout(source.native_source(), rows, with_index, with_valid).batch_bytes(rows)
 
 
-def as_source(obj: Any) -> Source:
-    """What the Loader reads from `obj`: a source as it is; anything else is refused with what to
-    pass instead."""
+def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: Any = None,
+              worker_init_fn: Any = None, seed: int = 0) -> Source:
+    """What the Loader reads from `obj`: a source as it is; a map-style dataset (__len__ and
+    __getitem__) as a PythonSource with these options; anything else is refused with what to pass
+    instead."""
+    options = {"pad": pad, "max_length": max_length, "collate_fn": collate_fn, "worker_init_fn": worker_init_fn}
     if isinstance(obj, Source):
+        given = [k for k, v in options.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to {type(obj).__name__}: "
+                             "an array source is gathered natively (Ragged columns pad natively)")
         return obj
     kind = type(obj).__name__
     if hasattr(obj, "__array_interface__") or type(obj).__module__.startswith("torch") and hasattr(obj, "dim"):
         raise TypeError(f"source must be a dataset, got {kind}: an array is not a dataset: wrap it, "
                         "fl.Dataset({'x': x}) (rows are samples, gathered natively)")
+    if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (str, bytes, Mapping)):
+        from ._python_source import PythonSource  # noqa: PLC0415 - only Python datasets need it
+
+        return PythonSource(obj, seed=seed, **options)
     raise TypeError(f"source must be a fastload source (fl.Dataset, fl.Windows, fl.Dataset.open(...)) or a map-style "
                     f"dataset (an object with __len__ and __getitem__), got {kind}")
