@@ -105,14 +105,16 @@ class _Inference:
     def leaf(self, value: Any, name: str, in_dict: bool) -> int:
         self.used.add(name)
         index = len(self.leaves)
-        if isinstance(value, bool):
+        numeric = not isinstance(value, (np.ndarray, np.generic)) or np.asarray(value).dtype.kind in "biufc" or (
+            np.asarray(value).dtype.name == "bfloat16")
+        if isinstance(value, (np.ndarray, np.generic, torch.Tensor)) and numeric:  # first: np.float64 is a float too
+            self.leaves.append(self.array(value, name, in_dict))
+        elif isinstance(value, bool):
             self.leaves.append((name, "bool", _DL_BOOL, 8, [], 1, 0, 0, b""))
         elif isinstance(value, int):
             self.leaves.append((name, "int", _DL_INT, 64, [], 8, 0, 0, b""))
         elif isinstance(value, float):
             self.leaves.append((name, "float", _DL_FLOAT, 32, [], 4, 0, 0, b""))
-        elif isinstance(value, (np.ndarray, np.generic, torch.Tensor)):
-            self.leaves.append(self.array(value, name, in_dict))
         else:
             self.leaves.append((name, "object", 0, 8, [], 0, 0, 0, b""))
             if name in self.pad:
