@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
 #include "bindings/exit_parking.h"
+#include "bindings/process_workers.h"
 #include "bindings/py_source.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
@@ -37,7 +39,7 @@ struct Cancelled {};
 class PyEngine {
  public:
   PyEngine(const SourceHandle& source, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
-           bool with_valid, int streams)
+           bool with_valid, int streams, std::shared_ptr<SharedMemoryAllocator> shared_memory)
       : source_(source.keepalive) {
     RuntimeOptions o;
     o.engine.num_threads = num_threads;
@@ -46,6 +48,7 @@ class PyEngine {
     o.engine.with_valid = with_valid;
     o.engine.batch_size = batch_size;
     o.streams = streams;
+    o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
@@ -178,8 +181,9 @@ class PyEngine {
       if (python_ && timeout_.count() > 0) {
         const std::string late = python_->overdue(timeout_);
         if (!late.empty()) {
-          PyErr_SetString(PyExc_TimeoutError, ("fastload: " + late + " (timeout=" +
-                                               std::to_string(timeout_.count() / 1000.0) + " s)").c_str());
+          char limit[32];
+          std::snprintf(limit, sizeof limit, "%g", static_cast<double>(timeout_.count()) / 1000.0);
+          PyErr_SetString(PyExc_TimeoutError, ("fastload: " + late + " (timeout=" + limit + " s)").c_str());
           throw py::error_already_set();
         }
       }
@@ -333,16 +337,7 @@ void translate_collation_error(const CollationError& e) {
   try {
     std::rethrow_exception(e.original());
   } catch (const SampleError& s) {
-    // fastload.SampleError with the batch context, chained to the dataset's own exception (and
-    // its traceback) as __cause__.
-    py::object type = py::module_::import("fastload._python_source").attr("SampleError");
-    py::object error = type(py::str(e.what()));
-    if (s.exception() && s.exception()->get()) {
-      PyObject* cause = s.exception()->get();
-      Py_INCREF(cause);
-      PyException_SetCause(error.ptr(), cause);
-    }
-    PyErr_SetObject(type.ptr(), error.ptr());
+    set_sample_error(s, e.what());
   } catch (const std::bad_alloc&) {
     PyErr_SetString(PyExc_MemoryError, e.what());
   } catch (const std::invalid_argument&) {
@@ -382,9 +377,10 @@ void register_loader(py::module_& m) {
       .def("__len__", &Iterator::remaining);
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const SourceHandle&, int64_t, int, int64_t, bool, bool, int>(), py::arg("source"),
-           py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"), py::arg("with_index"),
-           py::arg("with_valid"), py::arg("streams") = 1)
+      .def(py::init<const SourceHandle&, int64_t, int, int64_t, bool, bool, int,
+                    std::shared_ptr<SharedMemoryAllocator>>(),
+           py::arg("source"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
+           py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1, py::arg("shared_memory") = nullptr)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"), py::arg("start_position"),
            py::arg("fail_at_step"), py::arg("devices"))
       .def("close", &PyEngine::close)

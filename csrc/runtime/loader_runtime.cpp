@@ -11,7 +11,8 @@ namespace fastload {
 LoaderRuntime::LoaderRuntime(std::shared_ptr<BatchSource> source, const RuntimeOptions& options)
     : prefetch_(options.engine.prefetch), streams_(options.streams) {
   if (streams_ <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams_));
-  engine_ = std::make_unique<Engine>(std::move(source), options.engine);
+  engine_ = std::make_unique<Engine>(std::move(source), options.engine,
+                                     options.host_memory ? options.host_memory : make_aligned_allocator());
   layout_ = engine_->layout_ptr();
 }
 

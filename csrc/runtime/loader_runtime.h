@@ -41,6 +41,8 @@ struct MemoryCounts {
 struct RuntimeOptions {
   EngineOptions engine;
   int streams = 1;  // copy streams per GPU output
+  // Where CPU batches live (null: ordinary aligned memory); worker processes need shared memory.
+  std::shared_ptr<HostAllocator> host_memory;
 };
 
 class LoaderRuntime {
