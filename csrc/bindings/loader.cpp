@@ -264,8 +264,17 @@ class Iterator {
 
   py::object next() {
     if (exit_parking::note_next()) park();
+    if (engine_.is_none()) throw std::runtime_error("this iterator was cleared by the garbage collector");
     PyEngine& engine = engine_.cast<PyEngine&>();
     engine.flush_warning();  // Python code may run (and be interrupted) only before the take
+    if (!pending_.is_none()) {
+      // The batch a signal interrupted last time: still the next one, handed out now.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      py::object batch = std::move(pending_);
+      pending_ = py::none();
+      ++run_->handed[static_cast<size_t>(output_)];
+      return batch;
+    }
     uintptr_t stream = 0;
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
     const bool counting = engine.counting();
@@ -303,13 +312,21 @@ class Iterator {
       for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
       batch = std::move(d);
     }
-    ++run_->handed[static_cast<size_t>(output_)];
     if (counting) {
       const int64_t bytes = static_cast<int64_t>(engine.layout().batch_bytes(rows));
       const double share = run_->stats.record(rows, bytes, StageTimes::since(t0), ready);
       if (share >= 0) engine.check_stall(*run_, share);
     }
-    return std::move(batch);
+    // A signal that arrived while the batch was taken would run its handler as soon as this call
+    // returns, before `batch = next(it)` assigns it: the batch would be lost although counted
+    // as handed out. Run pending handlers here instead; if one raises, the batch is kept as the
+    // next one (state_dict() does not count it) and the exception goes up.
+    if (PyErr_CheckSignals() != 0) {
+      pending_ = std::move(batch);
+      throw py::error_already_set();
+    }
+    ++run_->handed[static_cast<size_t>(output_)];
+    return batch;
   }
 
   [[noreturn]] static void park() {  // public: iter() parks a thread the same way
@@ -322,6 +339,18 @@ class Iterator {
     return run_->pipeline->plan(output_).num_batches() - run_->handed[static_cast<size_t>(output_)];
   }
 
+  // The garbage collector's view (loader.it = iter(loader) is a cycle through this object).
+  int traverse(visitproc visit, void* arg) const {
+    for (const py::object* o : {&owner_, &engine_, &current_stream_, &from_dlpack_, &pending_})
+      Py_VISIT(o->ptr());
+    return 0;
+  }
+  void clear() {
+    owner_ = py::none();
+    engine_ = py::none();
+    pending_ = py::none();
+  }
+
  private:
   py::object owner_;  // the Loader: `for b in Loader(...)` keeps it alive while the loop runs
   py::object engine_;
@@ -330,6 +359,7 @@ class Iterator {
   int device_;
   bool raw_;
   py::object current_stream_, from_dlpack_;
+  py::object pending_ = py::none();  // a batch taken but not handed out (a signal interrupted next())
 };
 
 // C++ exceptions to Python, in one place: a collation failure keeps its original type.
@@ -370,7 +400,21 @@ void register_loader(py::module_& m) {
 
   py::class_<Iterator>(m, "Iterator", "Hands out one output's batches of one epoch, in order, as "
                        "dict[str, torch.Tensor]. On a GPU each batch is ready on the stream that was "
-                       "current (torch.cuda.current_stream) when next() was called.")
+                       "current (torch.cuda.current_stream) when next() was called.",
+                       py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+                         // Visible to the cycle collector: the iterator holds its Loader.
+                         auto* type = &heap_type->ht_type;
+                         type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+                         type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
+                           Py_VISIT(Py_TYPE(self));
+                           if (!py::detail::is_holder_constructed(self)) return 0;
+                           return py::cast<const Iterator&>(py::handle(self)).traverse(visit, arg);
+                         };
+                         type->tp_clear = [](PyObject* self) {
+                           if (py::detail::is_holder_constructed(self)) py::cast<Iterator&>(py::handle(self)).clear();
+                           return 0;
+                         };
+                       }))
       .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool>())
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Iterator::next)
