@@ -144,7 +144,8 @@ class PyEngine {
   // After a hand-out: the one-time stall hint, logged at the start of the next next(), before a
   // batch is taken (logging runs Python code, which a signal may interrupt).
   void check_stall(const Run& run, double share) {
-    std::string hint = runtime_->stall_hint(run, share);
+    std::string hint = python_ ? runtime_->stall_hint(run, share, python_->user_ns(), python_->has_workers())
+                               : runtime_->stall_hint(run, share);
     if (!hint.empty()) pending_warning_ = std::move(hint);
   }
 
