@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
@@ -32,7 +31,8 @@ class _Every:
 
     def __enter__(self):
         def handler(signum, frame):
-            if self.armed:
+            if self.armed:  # disarmed before raising: a second signal cannot hit the except block
+                self.armed = False
                 self.count += 1
                 raise KeyboardInterrupt
         self.old = signal.signal(signal.SIGALRM, handler)
@@ -49,14 +49,14 @@ def step_loop(it, irq: _Every, steps: int) -> list[int]:
     for _ in range(steps):
         try:
             irq.armed = True
-            batch = next(it)
+            batch = next(it, None)  # the end is None, not StopIteration: no except block to interrupt
+            if batch is None:
+                irq.armed = False
+                break
             got.append(batch)  # a signal during append is handled after it: the test keeps every batch
             irq.armed = False
         except KeyboardInterrupt:
-            irq.armed = False
-        except StopIteration:
-            irq.armed = False
-            break
+            pass  # the handler disarmed itself
     return [int(i) for b in got for i in b["index"]]
 
 
@@ -91,68 +91,75 @@ def test_zip_and_islice_step_loops_lose_nothing():
                     irq.armed = False
                     break
                 except KeyboardInterrupt:
-                    irq.armed = False
+                    pass
         ids = [int(b["index"][0]) for b in got]
         assert ids == list(range(N)), (irq.count, len(ids))
 
 
-class Slow:
-    """Each sample takes 10 ms: next() waits, and a signal 2 ms into it lands mid-wait."""
+class Signalling:
+    """Sample `trigger` sends SIGUSR1 to this process from the worker thread and returns at once:
+    the signal arrives while the main thread waits in next() for the very batch that completes right
+    after it, so its handler would otherwise run after next() returned that batch."""
+
+    def __init__(self, trigger: int):
+        self.trigger = trigger
 
     def __len__(self):
         return 40
 
     def __getitem__(self, i):
-        time.sleep(0.01)
+        if i == self.trigger:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        else:
+            time.sleep(0.002)
         return {"i": i}
 
 
+class _RaiseOnUsr1:
+    """A preemption handler that raises, installed for the block."""
+
+    def __enter__(self):
+        def handler(signum, frame):
+            raise KeyboardInterrupt
+        self.old = signal.signal(signal.SIGUSR1, handler)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGUSR1, self.old)
+
+
 @pytest.mark.parametrize("trial", range(5))
-def test_a_ctrl_c_inside_next_then_checkpoint_and_resume_loses_no_sample(trial):
-    loader = fl.Loader(Slow(), 2, shuffle=True, seed=trial, device="cpu", num_workers=1, prefetch=1)
+def test_a_signal_inside_next_then_checkpoint_and_resume_loses_no_sample(trial):
+    kw = dict(batch_size=2, shuffle=True, seed=trial, device="cpu", num_workers=1, prefetch=1)
+    plan = fl.Loader(Signalling(-1), **kw).plan(0).tolist()
+    k = 3 + trial
+    while plan[2 * k + 1] == 0:  # sample 0 is also read when the Loader is built: not that one
+        k += 1
+    trigger = plan[2 * k + 1]  # the last sample of batch k
+    loader = fl.Loader(Signalling(trigger), **kw)
     it = iter(loader)
-    seen = [b["i"].tolist() for b in (next(it), next(it))]
-
-    def interrupt():
-        time.sleep(0.002)
-        os.kill(os.getpid(), signal.SIGUSR1)  # a preemption handler that raises
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    old = signal.signal(signal.SIGUSR1, handler)
-    try:
-        threading.Thread(target=interrupt).start()
-        with pytest.raises(KeyboardInterrupt):
-            while True:
-                batch = next(it)
-                seen.append(batch["i"].tolist())
-    finally:
-        signal.signal(signal.SIGUSR1, old)
+    seen: list = []
+    with _RaiseOnUsr1(), pytest.raises(KeyboardInterrupt):
+        while True:
+            batch = next(it)
+            seen.append(batch["i"].tolist())
+    assert len(seen) == k  # the interrupted batch was not handed out...
     state = loader.state_dict()
     loader.close()
-    resumed = fl.Loader(Slow(), 2, shuffle=True, seed=trial, device="cpu", num_workers=1, prefetch=1)
+    resumed = fl.Loader(Signalling(-1), **kw)
     resumed.load_state_dict(state)
-    seen += [b["i"].tolist() for b in resumed]
-    flat = sum(seen, [])
-    assert sorted(flat) == list(range(40)), f"lost {set(range(40)) - set(flat)}"
-    assert flat == loader.plan(0).tolist()
+    seen += [b["i"].tolist() for b in resumed]  # ...and comes first after the resume
+    assert sum(seen, []) == plan
 
 
 def test_the_same_iterator_hands_out_the_interrupted_batch_next():
-    loader = fl.Loader(Slow(), 2, device="cpu", num_workers=1, prefetch=1)
+    loader = fl.Loader(Signalling(5), 2, device="cpu", num_workers=1, prefetch=1)
     it = iter(loader)
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    old = signal.signal(signal.SIGUSR1, handler)
-    try:
-        threading.Timer(0.005, lambda: os.kill(os.getpid(), signal.SIGUSR1)).start()
-        with pytest.raises(KeyboardInterrupt):
-            next(it)
-    finally:
-        signal.signal(signal.SIGUSR1, old)
-    assert loader.state_dict()["position"] == 0  # not handed out
-    assert [b["i"].tolist() for b in it] == [[2 * k, 2 * k + 1] for k in range(20)]
+    got = [next(it)["i"].tolist(), next(it)["i"].tolist()]
+    with _RaiseOnUsr1(), pytest.raises(KeyboardInterrupt):
+        next(it)  # batch [4, 5]: sample 5 signals
+    assert loader.state_dict()["position"] == 4  # two batches handed out, not three
+    got += [b["i"].tolist() for b in it]
+    assert got == [[2 * k, 2 * k + 1] for k in range(20)]
 
 
 def test_the_stand_in_gpu_path_keeps_interrupted_batches_too():
@@ -169,6 +176,7 @@ def test_the_stand_in_gpu_path_keeps_interrupted_batches_too():
         armed, count = [False], [0]
         def handler(s, f):
             if armed[0]:
+                armed[0] = False
                 count[0] += 1
                 raise KeyboardInterrupt
         signal.signal(signal.SIGALRM, handler)
@@ -177,14 +185,14 @@ def test_the_stand_in_gpu_path_keeps_interrupted_batches_too():
         while True:
             try:
                 armed[0] = True
-                batch = next(it)
+                batch = next(it, None)
+                if batch is None:
+                    armed[0] = False
+                    break
                 got.append(batch)
                 armed[0] = False
             except KeyboardInterrupt:
-                armed[0] = False
-            except StopIteration:
-                armed[0] = False
-                break
+                pass
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         ids = [int(np.frombuffer(b["index"].read(), np.int64)[0]) for b in got]
         assert len(ids) == len(set(ids))
