@@ -6,10 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from . import _C
+
 STATE_VERSION = 1
 _REQUIRED = ("version", "num_samples", "seed", "shuffle", "order", "epoch", "position")
-_ORDER = ("random", "block")
-_EVEN = ("pad", "drop", "mask")
+_ORDER: tuple[str, ...] = tuple(_C.ORDERS)  # the spellings the native sampler parses
+_EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
 MAX_EPOCH = 2**62  # epochs are int64 in the core; this leaves room to count on
 
 
