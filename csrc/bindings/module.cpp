@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/file_mapping.h"
 #include "bindings/loader_binding.h"
 #include "bindings/run_stats.h"
 #include "bindings/without_gil.h"
@@ -123,6 +124,7 @@ py::tuple batch_ids(const SamplerConfig& c, int64_t epoch, int64_t start, int64_
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastload native core: sampler, collation threads, buffers";
+  register_file_mapping(m);
 
   py::class_<SamplerConfig>(m, "Sampler")
       .def(py::init(&make_config), py::arg("num_samples"), py::arg("batch_size"),
