@@ -95,6 +95,7 @@ class FileMapping {
   }
 
   const std::string& path() const { return path_; }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(addr_); }
   int64_t length() const { return static_cast<int64_t>(length_); }
   py::tuple identity() const {
     return py::make_tuple(dev_, ino_, mtime_ns_, static_cast<int64_t>(length_));
@@ -155,6 +156,7 @@ void register_file_mapping(py::module_& m) {
       .def("size", &FileMapping::size, "the mapped file's size now (stat of its path)")
       .def("__len__", &FileMapping::length)
       .def_property_readonly("path", &FileMapping::path)
+      .def_property_readonly("address", &FileMapping::address, "where byte 0 is mapped (0 if empty)")
       .def_property_readonly("identity", &FileMapping::identity,
                              "(st_dev, st_ino, st_mtime_ns, st_size) when mapped");
   py::class_<FileSet>(m, "FileSet", "Many paths, stat'ed in one call")
