@@ -68,3 +68,30 @@ def describe_change(expected: Sequence[int], now: Sequence[int]) -> str:
     if now[3] > expected[3]:
         return f"is {int(now[3])} bytes, but it was {int(expected[3])} when it was mapped: it was written to"
     return "was modified in place (its mtime changed) since it was opened"
+
+
+class TruncationCheck:
+    """For arrays over FileMappings that fastload made itself (Windows.from_files): the one thing
+    that can go wrong is a mapped file truncated in place (reading past its end is SIGBUS); a file
+    replaced by another keeps the mapped one alive, and one that grew is harmless. Checked with one
+    batched stat, and reported by the per-array check (which names the file and the byte)."""
+
+    def __init__(self, labelled: Sequence[tuple[str, np.ndarray]], what: str):
+        from ._columns import column_state, file_backing  # noqa: PLC0415 - _columns imports _C only
+
+        self._labelled, self._what = list(labelled), what
+        self._rows = []  # (index into labelled, mapping)
+        for i, (_, a) in enumerate(self._labelled):
+            b = file_backing(a)
+            if b is not None:
+                self._rows.append((i, b.mapping))
+        self._checks = FileChecks([m.path for _, m in self._rows], [m.identity for _, m in self._rows])
+        self._column_state = column_state
+
+    def check(self) -> None:
+        now = self._checks._set.stat()
+        exp = self._checks.expected
+        same = (now[:, 0] == exp[:, 0]) & (now[:, 1] == exp[:, 1])
+        for j in np.flatnonzero(same & (now[:, 3] < exp[:, 3])):
+            label, a = self._labelled[self._rows[int(j)][0]]
+            self._column_state(label, a, self._what)  # raises ValueError naming the file
