@@ -167,14 +167,14 @@ def _per_column(option: str, value: Any, name: str, names: list[str]) -> Any:
 
 
 def read_manifest(root: str) -> dict[str, Any]:
-    """The manifest of the dataset directory `root` (format and version checked)."""
+    """The manifest of the dataset directory `root` (every field checked)."""
     return _load(root)[0]
 
 
-def _load(root: str) -> tuple[dict[str, Any], list[_Column], list[int], int]:
+def _load(root: str) -> tuple[dict[str, Any], list[_Column], list[int], int, tuple[int, int]]:
     """Reads and checks the manifest and stats every file it names, all relative to one open
-    descriptor of `root`: (manifest, columns, rows per shard, rows). Raises DatasetError naming
-    the file and the field."""
+    descriptor of `root`: (manifest, columns, rows per shard, rows, the directory's (st_dev,
+    st_ino)). Raises DatasetError naming the file and the field."""
     mpath = os.path.join(root, MANIFEST)
     try:
         dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -183,6 +183,8 @@ def _load(root: str) -> tuple[dict[str, Any], list[_Column], list[int], int]:
     except NotADirectoryError:
         raise DatasetError(f"{root}: not a directory, so not a fastload dataset directory") from None
     try:
+        st = os.fstat(dir_fd)
+        directory = (st.st_dev, st.st_ino)
         try:
             manifest = parse(read_regular(dir_fd, MANIFEST, _MAX_MANIFEST_BYTES))
             columns, rows, total = _layout(root, manifest, lambda f: f.stat_at_open(dir_fd, root))
@@ -190,13 +192,13 @@ def _load(root: str) -> tuple[dict[str, Any], list[_Column], list[int], int]:
             raise DatasetError(f"{mpath} is missing: {root} is not a fastload dataset directory, "
                                "or its write never finished") from None
         except Bad as e:
-            where = f" field {e.field}" if e.field else ""
+            where = f" field {e.field}:" if e.field else ""
             raise DatasetError(f"{mpath}:{where} {e.message}") from None
         except OSError as e:
             raise DatasetError(f"{mpath}: cannot read it ({e.strerror or e})") from None
     finally:
         os.close(dir_fd)
-    return manifest, columns, rows, total
+    return manifest, columns, rows, total, directory
 
 
 def _layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[_Column], list[int], int]:
@@ -269,7 +271,7 @@ class DiskDataset(Dataset):
         # Resolved once: a chdir after open() or a process with another working directory
         # (pickling) must read this same directory.
         root = os.path.abspath(os.fspath(path))
-        manifest, columns, rows, total = _load(root)
+        manifest, columns, rows, total, self._directory = _load(root)
         self.path = root
         self.manifest = manifest
         self._disk_columns = columns
@@ -305,11 +307,28 @@ class DiskDataset(Dataset):
                     raise DatasetError(f"{offsets.path}: a row of {int(steps.max())} items, longer than the manifest's "
                                        f"longest ({col.longest})")
 
+    def _check_directory(self) -> None:
+        """`path` still names the directory opened: an overwrite swaps in another one, whose files
+        must not be mixed with (or mistaken for) the opened one's."""
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if now != self._directory:
+            raise DatasetError(f"{self.path}: the dataset directory was {'removed' if now is None else 'replaced'} "
+                               "(overwritten?) since it was opened; open it again and build a new Loader")
+
     def _mapped(self) -> list[list[Any]]:
         with self._map_lock:
             if self._maps is None:
-                maps = [[f.map() if col.kind == "fixed" else (f[0].map(), f[1].map()) for f in col.files]
-                        for col in self._disk_columns]
+                self._check_directory()
+                try:
+                    maps = [[f.map() if col.kind == "fixed" else (f[0].map(), f[1].map()) for f in col.files]
+                            for col in self._disk_columns]
+                except DatasetError:
+                    self._check_directory()  # an overwrite meanwhile: say that, not which file it hit first
+                    raise
                 for col, arrays in zip(self._disk_columns, maps):
                     if col.kind == "ragged":
                         self._check_longest(col, arrays)
@@ -363,8 +382,10 @@ class DiskDataset(Dataset):
         """Every shard file still has the identity (device, inode, mtime, size) recorded when the
         dataset was opened: one stat per file in C++ (19,000 files: a few ms), no Python per file."""
         self._mapped()
+        self._check_directory()
         changed = self._checks.changed()
         if changed:
+            self._check_directory()  # an overwrite meanwhile: say that, not which file it hit first
             i, now = changed[0]
             f = self._all_files()[i]
             more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""

@@ -67,7 +67,7 @@ def describe_change(expected: Sequence[int], now: Sequence[int]) -> str:
                 f"it would kill the process with SIGBUS)")
     if now[3] > expected[3]:
         return f"is {int(now[3])} bytes, but it was {int(expected[3])} when it was mapped: it was written to"
-    return "was modified in place (its mtime changed) since it was opened"
+    return "was modified (same inode and size, another mtime) since it was opened"
 
 
 class TruncationCheck:
