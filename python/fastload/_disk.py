@@ -171,7 +171,22 @@ def read_manifest(root: str) -> dict[str, Any]:
     return _load(root)[0]
 
 
-def _load(root: str) -> tuple[dict[str, Any], list[_Column], list[int], int, tuple[int, int]]:
+def _load(root: str, attempts: int = 10) -> tuple[dict[str, Any], list[_Column], list[int], int, tuple[int, int]]:
+    """_load_once, again if `root` was replaced by an overwrite while it was being read (the
+    directory read, swapped out, is being deleted): a reader gets the new dataset, not an error."""
+    for attempt in range(attempts):
+        try:
+            return _load_once(root)
+        except _Replaced:
+            continue
+    return _load_once(root, retry=False)
+
+
+class _Replaced(Exception):
+    pass
+
+
+def _load_once(root: str, retry: bool = True) -> tuple[dict[str, Any], list[_Column], list[int], int, tuple[int, int]]:
     """Reads and checks the manifest and stats every file it names, all relative to one open
     descriptor of `root`: (manifest, columns, rows per shard, rows, the directory's (st_dev,
     st_ino)). Raises DatasetError naming the file and the field."""
@@ -196,9 +211,21 @@ def _load(root: str) -> tuple[dict[str, Any], list[_Column], list[int], int, tup
             raise DatasetError(f"{mpath}:{where} {e.message}") from None
         except OSError as e:
             raise DatasetError(f"{mpath}: cannot read it ({e.strerror or e})") from None
+    except (DatasetError, FileNotFoundError):
+        if retry and _identity(root) != directory:
+            raise _Replaced() from None
+        raise
     finally:
         os.close(dir_fd)
     return manifest, columns, rows, total, directory
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[_Column], list[int], int]:
@@ -310,11 +337,7 @@ class DiskDataset(Dataset):
     def _check_directory(self) -> None:
         """`path` still names the directory opened: an overwrite swaps in another one, whose files
         must not be mixed with (or mistaken for) the opened one's."""
-        try:
-            st = os.stat(self.path)
-            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except OSError:
-            now = None
+        now = _identity(self.path)
         if now != self._directory:
             raise DatasetError(f"{self.path}: the dataset directory was {'removed' if now is None else 'replaced'} "
                                "(overwritten?) since it was opened; open it again and build a new Loader")
