@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload import _replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -399,6 +398,8 @@ def test_overwrite_of_a_dataset_leaves_only_the_new_one(tmp_path):
 
 
 def test_overwrite_without_rename_exchange_still_replaces(tmp_path, monkeypatch):
+    from fastload import _replace
+
     monkeypatch.setattr(_replace, "_renameat2", None)  # a system or filesystem without it
     fl.write_dataset(tmp_path / "d", {"x": np.arange(10)})
     fl.write_dataset(tmp_path / "d", {"x": np.arange(4)}, overwrite=True)
@@ -408,8 +409,10 @@ def test_overwrite_without_rename_exchange_still_replaces(tmp_path, monkeypatch)
 
 
 OVERWRITER = """
-    import sys, numpy as np, fastload as fl
+    import sys, time, numpy as np, fastload as fl
     path, rounds, me = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if len(sys.argv) > 4:  # start together, so that the writes overlap
+        time.sleep(max(0.0, float(sys.argv[4]) - time.time()))
     for i in range(rounds):
         n = 10 + (me * 1000 + i) % 7
         fl.write_dataset(path, {"x": np.full(n, n, np.int64)}, rows_per_shard=3, overwrite=True, fsync=False)
@@ -445,7 +448,8 @@ def test_readers_never_miss_the_dataset_during_overwrites(tmp_path):
 def test_concurrent_overwriters_all_succeed_and_leave_one_dataset(tmp_path):
     path = tmp_path / "d"
     fl.write_dataset(path, {"x": np.full(10, 10, np.int64)})
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(OVERWRITER), str(path), "25", str(k)],
+    start = time.time() + 4
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(OVERWRITER), str(path), "40", str(k), str(start)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(4)]
     results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
     for out, err, rc in results:
