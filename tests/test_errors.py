@@ -65,8 +65,12 @@ def test_loader_rejects(kwargs, exc, match):
 
 
 def test_loader_rejects_a_non_source():
-    with pytest.raises(TypeError, match="source must be a fastload.Dataset or fastload.Windows, got ndarray"):
+    with pytest.raises(TypeError, match=r"an array is not a dataset: wrap it, fl.Dataset\(\{'x': x\}\)"):
         fl.Loader(np.arange(10), batch_size=2)
+    with pytest.raises(TypeError, match=r"an array is not a dataset"):
+        fl.Loader(torch.arange(10), batch_size=2)
+    with pytest.raises(TypeError, match="source must be a fastload source .* or a map-style dataset .*, got int"):
+        fl.Loader(3, batch_size=2)
 
 
 @pytest.mark.parametrize("args,kwargs,exc,match", [

@@ -124,7 +124,7 @@ def test_batch_bytes_overflowing_size_t_are_refused_before_reaching_the_core():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert "MemoryError: a batch of batch_size=2 takes 18446744073709551616 bytes" in proc.stdout, proc.stdout
-    assert "over 1024 column(s)" in proc.stdout
+    assert "over 1024 part(s)" in proc.stdout
 
 
 def test_a_column_whose_total_bytes_overflow_int64_is_refused():

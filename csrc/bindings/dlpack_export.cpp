@@ -32,7 +32,7 @@ void capsule_destructor(PyObject* capsule) {
 }  // namespace
 
 pybind11::capsule export_tensor(std::shared_ptr<void> owner, void* data, int device_type, int device_id,
-                                DTypeCode dtype, int64_t rows, const std::vector<int64_t>& row_shape) {
+                                DType dtype, int64_t rows, const std::vector<int64_t>& row_shape) {
   auto* part = new ManagedPart();
   part->owner = std::move(owner);
   part->shape.reserve(row_shape.size() + 1);

@@ -8,15 +8,12 @@
 #include <memory>
 #include <vector>
 
-namespace fastload {
+#include "core/dtype.h"
 
-struct DTypeCode {
-  uint8_t code;  // DLDataTypeCode
-  uint8_t bits;
-};
+namespace fastload {
 
 // device_type: kDLCPU (1) or kDLCUDA (2); device_id the GPU's index.
 pybind11::capsule export_tensor(std::shared_ptr<void> owner, void* data, int device_type, int device_id,
-                                DTypeCode dtype, int64_t rows, const std::vector<int64_t>& row_shape);
+                                DType dtype, int64_t rows, const std::vector<int64_t>& row_shape);
 
 }  // namespace fastload

@@ -9,17 +9,22 @@
 
 namespace fastload {
 
-Engine::Engine(std::vector<ColumnSpec> columns, const EngineOptions& options,
+Engine::Engine(std::vector<ArrayColumn> columns, const EngineOptions& options,
                std::shared_ptr<HostAllocator> allocator)
-    : options_(options), fork_generation_(fork_generation()) {
+    : Engine(std::make_shared<ArraySource>(std::move(columns)), options, std::move(allocator)) {}
+
+Engine::Engine(std::shared_ptr<BatchSource> source, const EngineOptions& options,
+               std::shared_ptr<HostAllocator> allocator)
+    : options_(options), source_(std::move(source)), fork_generation_(fork_generation()) {
+  if (!source_) throw std::invalid_argument("an engine needs a source");
   if (options.batch_size <= 0)
     throw std::invalid_argument("batch_size must be positive, got " +
                                 std::to_string(options.batch_size));
   if (options.prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " +
                                 std::to_string(options.prefetch));
-  layout_ = std::make_shared<BatchLayout>(std::move(columns), options.with_index,
-                                          options.with_valid, options.batch_size);
+  layout_ = std::make_shared<BatchLayout>(source_->schema(), options.with_index, options.with_valid,
+                                          options.batch_size);
   default_allocator_ = std::move(allocator);
   for (size_t p = 0; p < layout_->num_parts(); ++p)
     pools_.push_back(BufferPool::create(layout_->part_bytes(p), options.prefetch + 1, default_allocator_));
@@ -79,10 +84,10 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
       pools_[p] = BufferPool::create(layout_->part_bytes(p), keep, host_memory);
     pools_[p]->set_keep(keep);
   }
-  auto pipeline = std::make_shared<Pipeline>(layout_, std::move(outputs), options_.prefetch, pools_,
+  auto pipeline = std::make_shared<Pipeline>(source_, layout_, std::move(outputs), options_.prefetch, pools_,
                                              fail_at_step);
   current_ = pipeline;
-  threads_->run([pipeline](int) { pipeline->work(); });
+  threads_->run([pipeline](int thread) { pipeline->work(thread); });
   return pipeline;
 }
 

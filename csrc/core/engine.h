@@ -7,6 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/array_source.h"
+#include "core/batch_source.h"
 #include "core/buffer_pool.h"
 #include "core/pipeline.h"
 #include "core/sampler.h"
@@ -24,7 +26,10 @@ struct EngineOptions {
 
 class Engine {
  public:
-  Engine(std::vector<ColumnSpec> columns, const EngineOptions& options,
+  Engine(std::shared_ptr<BatchSource> source, const EngineOptions& options,
+         std::shared_ptr<HostAllocator> allocator = make_aligned_allocator());
+  // An engine over arrays (an ArraySource of these columns).
+  Engine(std::vector<ArrayColumn> columns, const EngineOptions& options,
          std::shared_ptr<HostAllocator> allocator = make_aligned_allocator());
   ~Engine();  // cancels and joins; in a forked child it leaks instead (see fork_guard.h)
 
@@ -46,6 +51,7 @@ class Engine {
   void check_not_forked() const;
 
   const BatchLayout& layout() const { return *layout_; }
+  const std::shared_ptr<BatchSource>& source() const { return source_; }
   const std::shared_ptr<const BatchLayout>& layout_ptr() const { return layout_; }
   // Host buffer counts summed over the parts of a batch (every part has its own pool).
   BufferPoolCounts host_counts() const;
@@ -56,6 +62,7 @@ class Engine {
   void stop_current();
 
   EngineOptions options_;
+  std::shared_ptr<BatchSource> source_;
   std::shared_ptr<const BatchLayout> layout_;
   std::shared_ptr<HostAllocator> default_allocator_;
   std::vector<std::shared_ptr<BufferPool>> pools_;  // one per layout part; guarded by mutex_

@@ -128,7 +128,7 @@ constexpr int64_t kBlock = 256;
 // Buckets of 2^shift samples, each knowing the shard of its first sample; a lookup then steps
 // over the shard ends inside its bucket (branch-free, a fixed count: the most any bucket has).
 // The widest buckets whose walks are at most kMaxWalk, within a table of a few entries per shard.
-void build_buckets(ColumnSpec& col) {
+void build_buckets(ArrayColumn& col) {
   constexpr int kMaxWalk = 2;
   const size_t n = col.shards.size();
   const int64_t rows = col.rows;
@@ -165,7 +165,7 @@ void build_buckets(ColumnSpec& col) {
 // search (conditional moves): shuffled ids would mispredict nearly every branch of std::upper_bound,
 // which costs more than the few cache-resident loads of the search itself. Empty shards (equal
 // ends) are stepped over.
-inline size_t find_shard(const ColumnSpec& col, int64_t id) {
+inline size_t find_shard(const ArrayColumn& col, int64_t id) {
   const int64_t* ends = col.starts.data() + 1;
   if (!col.buckets.empty()) {
     size_t s = col.buckets[static_cast<size_t>(id >> col.bucket_shift)];
@@ -192,7 +192,7 @@ void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
   for (int64_t k = 0; k < bytes; k += static_cast<int64_t>(n)) std::memcpy(p + k, pad.data(), n);
 }
 
-[[noreturn]] void bad_offsets(const ColumnSpec& col, size_t shard, int64_t row, int64_t a, int64_t b, int64_t items) {
+[[noreturn]] void bad_offsets(const ArrayColumn& col, size_t shard, int64_t row, int64_t a, int64_t b, int64_t items) {
   throw std::invalid_argument("ragged column " + col.name + ": row " + std::to_string(row) + " of shard " +
                               std::to_string(col.shard_index[shard]) + " has offsets [" + std::to_string(a) + ", " +
                               std::to_string(b) + ") outside its " + std::to_string(items) +
@@ -200,7 +200,7 @@ void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
 }
 }  // namespace
 
-void set_shards(ColumnSpec& col, std::vector<Shard> shards) {
+void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
   const std::string what = "column " + col.name + ": ";
   if (col.row_bytes < 0) throw std::invalid_argument(what + "negative row bytes");
   if (col.ragged) {
@@ -271,7 +271,7 @@ void set_streaming_min_part_bytes(int64_t bytes) {
   g_streaming_min_part.store(bytes < 0 ? -1 : bytes, std::memory_order_relaxed);
 }
 
-void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst) {
+void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst) {
   // Decided on the whole part, not per block: a sharded column copies it in blocks.
   const bool streaming = count * col.row_bytes >= streaming_min_part_bytes();
   if (!col.sharded()) return gather_with(Strided{col.base, col.pitch, ids}, col.row_bytes, count, dst, streaming);
@@ -288,7 +288,7 @@ void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::
   }
 }
 
-void gather_ragged(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst,
+void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst,
                    int64_t* lengths) {
   // Three passes per block so that the misses of each overlap: find the rows and prefetch their
   // offsets, read the offsets and prefetch the items, copy and pad.

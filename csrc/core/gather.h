@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace fastload {
 
 // One contiguous piece of a column. Fixed rows: row r is row_bytes at base + r * pitch. Ragged
@@ -27,8 +29,10 @@ struct Shard {
 // the same table, and finds s from a bucket table of O(shards) entries (the shard of every
 // 2^bucket_shift-th sample, then at most bucket_walk steps), or by a binary search when shard
 // sizes are too uneven for that; never a per-sample index.
-struct ColumnSpec {
+struct ArrayColumn {
   std::string name;
+  DType dtype;                     // of one element (a ragged column: of one item's elements)
+  std::vector<int64_t> row_shape;  // of one sample as the batch holds it
   const std::byte* base = nullptr;
   int64_t rows = 0;
   int64_t pitch = 0;
@@ -52,7 +56,7 @@ struct ColumnSpec {
 // Installs a shard table (rows becomes the sum of shard rows). A ragged column needs one, with
 // item_bytes, pad (dividing item_bytes) and row_bytes a multiple of item_bytes set before.
 // Throws std::invalid_argument naming the column on a bad table.
-void set_shards(ColumnSpec& col, std::vector<Shard> shards);
+void set_shards(ArrayColumn& col, std::vector<Shard> shards);
 
 // Batch parts of at least this many bytes (of rows of 16 KiB or more) are copied with streaming
 // stores (x86): half the last-level cache unless set. Tests set 0 to exercise that copy on small
@@ -61,12 +65,12 @@ int64_t streaming_min_part_bytes();
 void set_streaming_min_part_bytes(int64_t bytes);
 
 // dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows). Not for ragged columns.
-void gather_rows(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst);
+void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst);
 
 // A ragged column: slot i of dst holds row ids[i]'s items, cut at max_items() and padded;
 // lengths[i] the items written. Throws std::invalid_argument if a row's offsets fall outside its
 // shard's values (a corrupt file), naming the column, shard and row.
-void gather_ragged(const ColumnSpec& col, const int64_t* ids, int64_t count, std::byte* dst,
+void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst,
                    int64_t* lengths);
 
 }  // namespace fastload

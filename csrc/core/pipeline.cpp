@@ -8,47 +8,23 @@
 
 namespace fastload {
 
-BatchLayout::BatchLayout(std::vector<ColumnSpec> cols, bool index, bool valid, int64_t rows)
-    : columns(std::move(cols)), with_index(index), with_valid(valid), max_rows(rows) {
-  if (rows <= 0) throw std::invalid_argument("batch rows must be positive, got " + std::to_string(rows));
-  for (const ColumnSpec& c : columns) {
-    if (c.row_bytes < 0) throw std::invalid_argument("column " + c.name + " has negative row bytes");
-    column_part.push_back(static_cast<int>(part_row_bytes.size()));
-    part_row_bytes.push_back(static_cast<size_t>(c.row_bytes));
-    if (c.ragged) part_row_bytes.push_back(sizeof(int64_t));  // its lengths
-  }
-  if (with_index) {
-    index_part = static_cast<int>(part_row_bytes.size());
-    part_row_bytes.push_back(sizeof(int64_t));
-  }
-  if (with_valid) {
-    valid_part = static_cast<int>(part_row_bytes.size());
-    part_row_bytes.push_back(sizeof(bool));
-  }
-  // Checked: a batch of huge rows must be a clear error, not a wrapped size and a crash.
-  constexpr size_t kMax = static_cast<size_t>(std::numeric_limits<int64_t>::max());
-  for (size_t p = 0; p < part_row_bytes.size(); ++p) {
-    const size_t row = part_row_bytes[p];
-    if (row != 0 && static_cast<size_t>(rows) > kMax / row)
-      throw std::invalid_argument("a batch of " + std::to_string(rows) + " rows of " +
-                                  std::to_string(row) + " bytes overflows");
-    const size_t bytes = row * static_cast<size_t>(rows);
-    if (total_bytes > kMax - bytes)
-      throw std::invalid_argument("the bytes of a batch of " + std::to_string(rows) + " rows overflow");
-    total_bytes += bytes;
-  }
-}
+namespace {
+// Part pointers of a batch live on the stack up to this many parts.
+constexpr size_t kMaxInlineParts = 32;
+}  // namespace
 
-Pipeline::Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<OutputSpec> outputs,
-                   int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
+Pipeline::Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> layout,
+                   std::vector<OutputSpec> outputs, int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
                    int64_t fail_at_step)
-    : layout_(std::move(layout)), prefetch_(prefetch), worker_wake_places_(std::max<int64_t>(1, prefetch / 4)),
+    : source_(std::move(source)), layout_(std::move(layout)), prefetch_(prefetch), worker_wake_places_(std::max<int64_t>(1, prefetch / 4)),
       pools_(std::move(pools)),
       fail_at_step_(fail_at_step), fork_generation_(fork_generation()) {
   if (prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " + std::to_string(prefetch));
   if (pools_.size() != layout_->num_parts())
     throw std::invalid_argument("one buffer pool per batch part is needed");
+  if (!source_ || source_->schema().size() != layout_->source_parts)
+    throw std::invalid_argument("the batch layout was not made for this source");
   for (OutputSpec& spec : outputs) {
     if (spec.plan.max_batch_rows() > layout_->max_rows)
       throw std::invalid_argument("plan batch size exceeds the batch layout");
@@ -167,7 +143,7 @@ bool Pipeline::worth_waking(const Output& o) const {
   return true;
 }
 
-void Pipeline::build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch) {
+void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch) {
   if (step == fail_at_step_)
     throw std::runtime_error("injected failure (test hook) at batch " + std::to_string(step));
   const EpochPlan& plan = outputs_[output]->plan;
@@ -181,18 +157,27 @@ void Pipeline::build(int output, int64_t step, std::vector<int64_t>& ids_scratch
                               : ids_scratch.data();
   bool* valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
   plan.fill_ids(span, ids, valid);
-  for (size_t c = 0; c < L.columns.size(); ++c) {
-    const ColumnSpec& col = L.columns[c];
-    const size_t p = static_cast<size_t>(L.column_part[c]);
-    if (col.ragged)
-      gather_ragged(col, ids, span.count, batch->parts[p]->data(),
-                    reinterpret_cast<int64_t*>(batch->parts[p + 1]->data()));
-    else
-      gather_rows(col, ids, span.count, batch->parts[p]->data());
+  std::byte* parts[kMaxInlineParts];
+  std::vector<std::byte*> many;
+  std::byte** part_ptrs = parts;
+  if (L.source_parts > kMaxInlineParts) {
+    many.resize(L.source_parts);
+    part_ptrs = many.data();
   }
+  for (size_t p = 0; p < L.source_parts; ++p) part_ptrs[p] = batch->parts[p]->data();
+  FillRequest request;
+  request.ids = ids;
+  request.count = span.count;
+  request.parts = part_ptrs;
+  request.seed = plan.config().seed;
+  request.epoch = plan.epoch();
+  request.step = step;
+  request.thread = thread;
+  request.extras = &batch->extras;
+  source_->fill(request);
 }
 
-void Pipeline::work() {
+void Pipeline::work(int thread) {
   std::vector<int64_t> ids_scratch;
   try {
     // Only needed when the ids are not written into the batch itself.
@@ -234,7 +219,7 @@ void Pipeline::work() {
     std::exception_ptr failure;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      build(output, step, ids_scratch, &batch);
+      build(output, step, thread, ids_scratch, &batch);
     } catch (...) {
       failure = std::current_exception();
     }

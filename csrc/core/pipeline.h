@@ -12,36 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "core/batch_layout.h"
+#include "core/batch_source.h"
 #include "core/buffer_pool.h"
-#include "core/gather.h"
 #include "core/sampler.h"
 #include "core/stage_times.h"
 
 namespace fastload {
 
-// The parts of a batch, each in its own buffer so that a user who keeps one column keeps only
-// that column's memory: the columns in order (a ragged column is two parts: its padded slots,
-// then its int64 lengths), then the int64 sample ids, then the bool valid mask.
-struct BatchLayout {
-  std::vector<ColumnSpec> columns;
-  std::vector<int> column_part;  // the first part of each column
-  bool with_index = false;
-  bool with_valid = false;
-  int64_t max_rows = 0;
-  std::vector<size_t> part_row_bytes;  // bytes per row of each part
-  int index_part = -1, valid_part = -1;
-  size_t total_bytes = 0;  // all parts of a full batch
-
-  // Throws std::invalid_argument if a part's size would overflow.
-  BatchLayout(std::vector<ColumnSpec> columns, bool with_index, bool with_valid, int64_t max_rows);
-  size_t num_parts() const { return part_row_bytes.size(); }
-  size_t part_bytes(size_t part) const { return part_row_bytes[part] * static_cast<size_t>(max_rows); }
-};
-
 struct Batch {
   std::vector<std::shared_ptr<HostBuffer>> parts;  // one per layout part
   int64_t rows = 0;
   int64_t step = 0;
+  std::shared_ptr<void> extras;  // what the source attached besides the parts (see FillRequest)
 };
 
 enum class NextStatus { Ok, End, Timeout, Cancelled };
@@ -68,13 +51,14 @@ struct OutputSpec {
 
 class Pipeline {
  public:
-  Pipeline(std::shared_ptr<const BatchLayout> layout, std::vector<OutputSpec> outputs,
-           int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
+  Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> layout,
+           std::vector<OutputSpec> outputs, int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
            int64_t fail_at_step = -1);
   ~Pipeline();
 
-  // Run by every pool thread; returns when all batches are built, on failure, or on cancel.
-  void work();
+  // Run by every pool thread (`thread` is its index); returns when all batches are built, on
+  // failure, or on cancel.
+  void work(int thread = 0);
   // Stops the workers soon and wakes every consumer (their next() returns Cancelled).
   void cancel();
   bool cancelled() const;
@@ -93,6 +77,7 @@ class Pipeline {
   void retire(int output);
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
+  const std::shared_ptr<BatchSource>& source() const { return source_; }
   const EpochPlan& plan(int output) const { return outputs_[output]->plan; }
   int64_t taken(int output) const;
   // Batches of `output` built and waiting, in order, for the consumer.
@@ -124,8 +109,9 @@ class Pipeline {
   int64_t ready_count_locked(const Output& o) const;  // under mutex_
   bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
-  void build(int output, int64_t step, std::vector<int64_t>& ids_scratch, Batch* batch);
+  void build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch);
 
+  std::shared_ptr<BatchSource> source_;
   std::shared_ptr<const BatchLayout> layout_;
   const int64_t prefetch_;
   // A retire wakes a sleeping worker only once this many window places are free. When the loop

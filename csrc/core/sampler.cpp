@@ -18,24 +18,21 @@ constexpr uint64_t kRelabelSalt = 0x5ba4d0003ULL;     // which rank gets which b
 constexpr uint64_t kRankSalt = 0x5ba4d0004ULL;        // a rank's order within its own shards
 }  // namespace
 
-Order parse_order(const std::string& s) {
-  if (s == "random") return Order::Random;
-  if (s == "block") return Order::Block;
-  throw std::invalid_argument("order must be 'random' or 'block', got '" + s + "'");
+namespace {
+template <typename E, size_t N>
+E parse_option(const char* what, const char* const (&names)[N], const std::string& s) {
+  std::string spelled;
+  for (size_t i = 0; i < N; ++i) {
+    if (s == names[i]) return static_cast<E>(i);
+    spelled += (i ? (i + 1 == N ? " or '" : ", '") : "'") + std::string(names[i]) + "'";
+  }
+  throw std::invalid_argument(std::string(what) + " must be " + spelled + ", got '" + s + "'");
 }
+}  // namespace
 
-Even parse_even(const std::string& s) {
-  if (s == "pad") return Even::Pad;
-  if (s == "drop") return Even::Drop;
-  if (s == "mask") return Even::Mask;
-  throw std::invalid_argument("even must be 'pad', 'drop' or 'mask', got '" + s + "'");
-}
-
-Partition parse_partition(const std::string& s) {
-  if (s == "samples") return Partition::Samples;
-  if (s == "shards") return Partition::Shards;
-  throw std::invalid_argument("partition must be 'samples' or 'shards', got '" + s + "'");
-}
+Order parse_order(const std::string& s) { return parse_option<Order>("order", kOrderNames, s); }
+Even parse_even(const std::string& s) { return parse_option<Even>("even", kEvenNames, s); }
+Partition parse_partition(const std::string& s) { return parse_option<Partition>("partition", kPartitionNames, s); }
 
 void SamplerConfig::validate() const {
   if (num_samples <= 0) bad("dataset length", "must be positive", num_samples);

@@ -14,6 +14,11 @@ enum class Order { Random, Block };
 enum class Even { Pad, Drop, Mask };
 enum class Partition { Samples, Shards };
 
+// The one spelling of each option's values, in enum order (Python reads them from fastload._C).
+inline const char* const kOrderNames[] = {"random", "block"};
+inline const char* const kEvenNames[] = {"pad", "drop", "mask"};
+inline const char* const kPartitionNames[] = {"samples", "shards"};
+
 Order parse_order(const std::string& s);
 Even parse_even(const std::string& s);
 Partition parse_partition(const std::string& s);

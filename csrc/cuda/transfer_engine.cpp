@@ -151,6 +151,7 @@ void TransferEngine::issue(Batch batch, int64_t index) {
   DeviceBatch d;
   d.rows = batch.rows;
   d.step = batch.step;
+  d.extras = batch.extras;
   d.copy_stream = stream.get();
   int64_t bytes = 0;
   try {

@@ -33,6 +33,7 @@ struct DeviceBatch {
   int64_t step = 0;
   api::CUstream copy_stream = nullptr;
   std::shared_ptr<Event> copy_done;
+  std::shared_ptr<void> extras;  // what the source attached besides the parts (core Batch::extras)
 };
 
 struct TransferCounts {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
-from typing import Any, Sequence
+from typing import Any
 
 # The sampler refuses a global batch (batch_size x world_size x devices) above this (sampler.cpp).
 MAX_GLOBAL_BATCH = 2**40
@@ -16,8 +16,6 @@ MAX_PREFETCH = 65536
 MAX_STREAMS = 1024
 INT64_MAX = 2**63 - 1
 MAX_SAMPLES = 2**62
-# Every part of a batch buffer starts on its own cache line (kAlign in pipeline.cpp).
-_PART_ALIGN = 64
 
 
 def _as_int(name: str, value: Any) -> int:
@@ -127,29 +125,16 @@ def _cgroup_mounts(proc_root: str, sys_root: str) -> dict[str, list[tuple[str, s
     return found
 
 
-def _align(x: int) -> int:
-    return -(-x // _PART_ALIGN) * _PART_ALIGN
-
-
-def batch_bytes(row_bytes: Sequence[int], rows: int, with_index: bool, with_valid: bool) -> int:
-    """Bytes of one batch buffer of `rows` rows, laid out as the core does (BatchLayout)."""
-    total = sum(_align(b * rows) for b in row_bytes)
-    if with_index:
-        total += _align(8 * rows)
-    if with_valid:
-        total += _align(rows)
-    return total
-
-
 def _fmt(n: int) -> str:
     return f"{n} bytes ({n / 2**30:.3g} GiB)"
 
 
 def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefetch: int, num_threads: int,
-                        streams: int, with_index: bool, even: str, prefetch_origin: str = "") -> None:
+                        streams: int, batch_bytes: int, prefetch_origin: str = "") -> None:
     """Refuses values that would overflow a size in the core or cannot be held in memory; each
     error names the argument and its value (prefetch_origin says where a default prefetch came
-    from). Runs before anything is handed to C++."""
+    from). `batch_bytes`: one full batch, every part (fastload._C.BatchLayout.batch_bytes). Runs
+    before the engine is built."""
     if num_threads > MAX_THREADS:
         raise ValueError(f"num_threads must be at most {MAX_THREADS} (more threads only contend for "
                          f"memory bandwidth), got {num_threads}")
@@ -157,6 +142,19 @@ def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefet
         raise ValueError(f"prefetch must be at most {MAX_PREFETCH}, got {prefetch}")
     if streams > MAX_STREAMS:
         raise ValueError(f"streams must be at most {MAX_STREAMS}, got {streams}")
+    check_batch_limits(source, batch_size=batch_size, world_size=world_size)
+    limit = memory_limit()
+    one = batch_bytes
+    if one > limit:
+        raise MemoryError(f"a batch of batch_size={batch_size} takes {_fmt(one)}, more than this machine's memory "
+                          f"({_fmt(limit)}); lower batch_size")
+    if one * (prefetch + 1) > limit:
+        raise MemoryError(f"prefetch={prefetch}{prefetch_origin} keeps up to {prefetch + 1} batches of {_fmt(one)} "
+                          f"in memory, more than this machine's memory ({_fmt(limit)}); lower prefetch or batch_size")
+
+
+def check_batch_limits(source: Any, *, batch_size: int, world_size: int) -> None:
+    """Sizes the sampler and the batch layout must be able to hold (before either is made)."""
     if world_size > MAX_GLOBAL_BATCH:
         raise ValueError(f"world_size must be at most 2**40, got {world_size}")
     if batch_size > MAX_GLOBAL_BATCH:
@@ -167,16 +165,3 @@ def check_loader_limits(source: Any, *, batch_size: int, world_size: int, prefet
     if len(source) > MAX_SAMPLES:
         raise ValueError(f"source has {len(source)} samples; fastload takes at most 2**62 (positions, padding "
                          f"and resume points must stay within int64)")
-    specs = source.column_specs()
-    # No batch holds more rows than the source has (the Loader sizes buffers the same way).
-    rows = min(batch_size, len(source))
-    from ._columns import part_row_bytes  # noqa: PLC0415 - _columns imports this module
-
-    one = batch_bytes(part_row_bytes(specs), rows, with_index, even == "mask")
-    limit = memory_limit()
-    if one > limit:
-        raise MemoryError(f"a batch of batch_size={batch_size} takes {_fmt(one)} over {len(specs)} column(s), "
-                          f"more than this machine's memory ({_fmt(limit)}); lower batch_size")
-    if one * (prefetch + 1) > limit:
-        raise MemoryError(f"prefetch={prefetch}{prefetch_origin} keeps up to {prefetch + 1} batches of {_fmt(one)} "
-                          f"in memory, more than this machine's memory ({_fmt(limit)}); lower prefetch or batch_size")

@@ -25,7 +25,7 @@ from ._arguments import INT64_MAX
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX, _DL_BOOL = 0, 1, 2, 4, 5, 6
 _NUMPY_KIND_TO_DL = {"i": _DL_INT, "u": _DL_UINT, "f": _DL_FLOAT, "c": _DL_COMPLEX, "b": _DL_BOOL}
 
-RESERVED_NAMES = ("index", "valid")
+RESERVED_NAMES: tuple[str, ...] = tuple(_C.RESERVED_NAMES)  # the parts the loader adds
 # Widths torch.from_dlpack accepts for each code (float8, long double, complex256 it rejects).
 _DL_BITS = {_DL_INT: (8, 16, 32, 64), _DL_UINT: (8, 16, 32, 64), _DL_FLOAT: (16, 32, 64),
             _DL_BFLOAT: (16,), _DL_COMPLEX: (32, 64, 128), _DL_BOOL: (8,)}
@@ -54,8 +54,6 @@ class ColumnSpec(NamedTuple):
     # (item_bytes, pad element bytes) for a ragged column, whose row_bytes is the padded slot.
     ragged: tuple = ()
 
-    def as_tuple(self) -> tuple:
-        return tuple(self)
 
 
 def _row_is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
@@ -168,15 +166,10 @@ def _describe_tensor(name: str, t: torch.Tensor, what: str) -> ColumnSpec:
     return ColumnSpec(name, t.detach(), t.data_ptr(), rows, strides[0], row_bytes, code, itemsize * 8, row_shape)
 
 
-def part_row_bytes(specs: list[ColumnSpec]) -> list[int]:
-    """Bytes per row of each part of a batch the columns make: a ragged column is its padded slot
-    and then its int64 `<name>_lengths`."""
-    out: list[int] = []
-    for s in specs:
-        out.append(s.row_bytes)
-        if s.ragged:
-            out.append(8)
-    return out
+def array_source(specs: list[ColumnSpec]) -> Any:
+    """The native source over these columns (fastload._C.BatchSource); it keeps their owners, and
+    so their memory, alive."""
+    return _C.ArraySource(list(specs), tuple(s.owner for s in specs))
 
 
 def dtype_name(spec: ColumnSpec) -> str:

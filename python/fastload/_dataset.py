@@ -9,34 +9,15 @@ import os
 from typing import Any, Mapping, Sequence
 
 from ._arguments import _as_int
-from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, check_column_state, column_state, dtype_name,
-                       reduce_column, restore_column)
+from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, array_source, check_column_state, column_state,
+                       dtype_name, reduce_column, restore_column)
 from ._shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
                       reduce_value, restore_value, stored_column)
+from ._source import declare_shards as _declare_shards  # noqa: F401 - tests declare shards through here
+from ._source import redeclare as _redeclare
 from ._windows import describe_windows, map_token_files
 
 __all__ = ["Dataset", "Windows", "_as_int"]
-
-
-def _declare_shards(source: Any, rows: Any) -> Any:
-    """Declares shard boundaries on a source of one in-memory array per column (tests, benchmarks):
-    `rows` samples per shard, in order, adding up to len(source). Returns the source. A source
-    made of several arrays (or files) has its real shards, which cannot be redeclared."""
-    rows = [_as_int("shard_rows", r) for r in rows]
-    if any(r < 0 for r in rows) or sum(rows) != len(source):
-        raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
-    if getattr(source, "_real_shards", False):
-        raise ValueError("the source already has shard boundaries (its columns are lists of arrays or files); "
-                         "_declare_shards is for sources of one array per column")
-    source._shard_rows = rows
-    return source
-
-
-def _redeclare(source: Any, shard_rows: list[int] | None) -> Any:
-    """After a copy or unpickle: shard boundaries that were declared come back with the source."""
-    if shard_rows is not None and source.shard_rows is None:
-        _declare_shards(source, shard_rows)
-    return source
 
 
 class Dataset:
@@ -100,7 +81,7 @@ class Dataset:
             pad: the pad value of ragged columns (one for all, or a dict by column name).
             max_length: cap on a ragged row's length (one for all, or a dict by column name).
         """
-        from ._disk import open_dataset  # noqa: PLC0415 - _disk subclasses Dataset
+        from ._disk import open_dataset  # noqa: PLC0415 - _disk builds on the column modules this one uses
 
         return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
 
@@ -130,11 +111,15 @@ class Dataset:
                              f"built with {self._shard_rows}: sources must not be resized while fastload uses them")
         return specs
 
-    def column_states(self) -> list[ColumnState]:
+    def native_source(self) -> Any:
+        """The native source the collation threads gather from (see fastload.Source)."""
+        return array_source(self.column_specs())
+
+    def fingerprint(self) -> list[ColumnState]:
         """Where every array's bytes are (each shard's, a ragged column's values and offsets)."""
         return column_states_of(list(self._columns.items()))
 
-    def check_column_states(self, states: list[ColumnState]) -> None:
+    def check_fingerprint(self, states: list[ColumnState]) -> None:
         check_column_states_of(list(self._columns.items()), states)
 
     def _declared(self) -> list[int] | None:
@@ -244,7 +229,11 @@ class Windows:
                              f"{self._count}: sources must not be resized while fastload uses them")
         return [layout.spec]
 
-    def column_states(self) -> list[ColumnState]:
+    def native_source(self) -> Any:
+        """The native source the collation threads gather from (see fastload.Source)."""
+        return array_source(self.column_specs())
+
+    def fingerprint(self) -> list[ColumnState]:
         if self.files is not None:  # from_files: fastload's own mappings; one batched stat per check
             from ._mapping import TruncationCheck  # noqa: PLC0415
 
@@ -253,7 +242,7 @@ class Windows:
             return [check]  # type: ignore[list-item]
         return [column_state(label, a, what="tokens") for label, a in self._arrays()]
 
-    def check_column_states(self, states: list[ColumnState]) -> None:
+    def check_fingerprint(self, states: list[ColumnState]) -> None:
         if self.files is not None and states and not isinstance(states[0], ColumnState):
             states[0].check()  # type: ignore[attr-defined]
             return

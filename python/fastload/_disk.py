@@ -21,12 +21,13 @@ import numpy as np
 
 from . import _C
 from ._columns import ColumnSpec, ColumnState
-from ._dataset import Dataset, _redeclare
 from ._manifest import CHECKSUM, FORMAT, MANIFEST, VERSION, Bad, DatasetError, read_regular
 from ._manifest import check_names, parse, want, want_dtype, want_int, want_shape
 from ._mapping import FileChecks, array_of, describe_change, map_file
 from ._ragged import Ragged
+from ._columns import array_source
 from ._shards import describe_shards, output_names
+from ._source import redeclare as _redeclare
 
 __all__ = ["CHECKSUM", "FORMAT", "MANIFEST", "VERSION", "DatasetError", "DiskDataset", "open_dataset"]
 _VERIFY_CHUNK = 16 << 20
@@ -290,9 +291,10 @@ def _layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[_
     return columns, rows, total
 
 
-class DiskDataset(Dataset):
-    """A dataset directory opened by Dataset.open: one Dataset whose columns are the directory's
-    shards, memory-mapped when a Loader first needs them."""
+class DiskDataset:
+    """A dataset directory opened by Dataset.open: a source (fastload.Source) whose columns are the
+    directory's shards, memory-mapped when a Loader first needs them. It is a peer of Dataset, not
+    a kind of it: it makes the same native array source from its mapped shards."""
 
     def __init__(self, path: str | os.PathLike, verify: bool = False, pad: Any = 0, max_length: Any = None):
         # Resolved once: a chdir after open() or a process with another working directory
@@ -394,16 +396,29 @@ class DiskDataset(Dataset):
                 specs.append(ragged._describe(col.name))
         return specs
 
-    def column_states(self) -> list[ColumnState]:
+    def native_source(self) -> Any:
+        """The native source the collation threads gather from (see fastload.Source)."""
+        return array_source(self.column_specs())
+
+    @property
+    def shard_rows(self) -> list[int] | None:
+        """Samples per shard, in order; None for a directory of one shard."""
+        rows = getattr(self, "_shard_rows", None)
+        return None if rows is None else list(rows)
+
+    def _declared(self) -> list[int] | None:
+        return None if self._real_shards else self.shard_rows
+
+    def fingerprint(self) -> list[ColumnState]:
         """The shards as mapped: checked at every iter() that no file was truncated, replaced or
         rewritten since open() (reading a truncated one would kill the process with SIGBUS)."""
         self._mapped()
-        self.check_column_states([])
+        self.check_fingerprint([])
         return []
 
-    def check_column_states(self, states: list[ColumnState]) -> None:
+    def check_fingerprint(self, states: list[ColumnState]) -> None:
         """Every shard file still has the identity (device, inode, mtime, size) recorded when the
-        dataset was opened: one stat per file in C++ (19,000 files: a few ms), no Python per file."""
+        dataset was opened: one stat per file in C++ (19,000 files: about 16 ms), no Python per file."""
         self._mapped()
         self._check_directory()
         changed = self._checks.changed()

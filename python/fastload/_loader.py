@@ -6,23 +6,24 @@ the core and wraps each column's memory as a tensor (DLPack, no copy).
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from . import _C, _lifecycle
-from ._arguments import check_loader_limits, memory_limit
-from ._columns import part_row_bytes
-from ._dataset import Dataset, Windows, _as_int
+from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory_limit
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
+from ._dataloader_args import refuse_dataloader_args
+from ._python_source import PythonSource
+from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
 from ._state import check_state, make_state
 from ._stats import LoaderStats
 
-Source = Union[Dataset, Windows]
-_EVEN = ("pad", "drop", "mask")
-_ORDER = ("random", "block")
-_PARTITION = ("samples", "shards")
+_EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
+_ORDER: tuple[str, ...] = tuple(_C.ORDERS)
+_PARTITION: tuple[str, ...] = tuple(_C.PARTITIONS)
+_WORKERS = ("threads", "processes")
 _MAX_SEED = 2**64 - 1
 # prefetch=None: as many batches as fit in this budget, at most PREFETCH_MAX, and never fewer
 # than keep every stage busy (see default_prefetch). Small batches come every few µs, and a deeper
@@ -35,18 +36,19 @@ PREFETCH_MIN = 2
 PREFETCH_MAX = 32
 
 
-def default_prefetch(source: Any, batch_size: int, with_index: bool, with_valid: bool, num_threads: int,
-                     copy_streams: int = 0) -> int:
+def default_prefetch(batch_bytes: int, num_threads: int, copy_streams: int = 0) -> int:
     """Batches in flight per device when prefetch is not given: as many as fit in
     PREFETCH_BUDGET_BYTES (at most PREFETCH_MAX), but at least one per collation thread plus one per
     copy stream on a GPU (each thread builds a whole batch, and a batch being copied keeps its
     place), and at least PREFETCH_MIN. The per-thread floor stops at a quarter of the machine's
-    memory: with huge batches, idle threads are better than a default that cannot be allocated."""
-    row = sum(part_row_bytes(source.column_specs())) + 8 * with_index + with_valid
-    batch = max(1, row * min(batch_size, len(source)))
+    memory: with huge batches, idle threads are better than a default that cannot be allocated.
+    `batch_bytes`: one full batch over every part (fastload._C.BatchLayout.batch_bytes)."""
+    batch = max(1, batch_bytes)
     fits = memory_limit() // (4 * batch)
     busy = max(PREFETCH_MIN, min(num_threads + copy_streams, fits))
     return max(busy, min(PREFETCH_MAX, PREFETCH_BUDGET_BYTES // batch))
+
+
 # Samples per block for order="block": large enough that a block is a long sequential read.
 _BLOCK_SIZE = 4096
 # order="block" over shards: samples are shuffled within windows of this many consecutive shards
@@ -112,13 +114,15 @@ class Loader:
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
     """
 
-    def __init__(self, source: Source, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+    def __init__(self, source: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, order: str = "random", rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
                  device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
-                 streams: int = 1, with_index: bool = False, partition: str = "samples"):
-        if not isinstance(source, (Dataset, Windows)):
-            raise TypeError(f"source must be a fastload.Dataset or fastload.Windows, got {type(source).__name__}")
+                 streams: int = 1, with_index: bool = False, partition: str = "samples",
+                 num_workers: int | None = None, workers: str = "threads", pad: Any = None, max_length: Any = None,
+                 collate_fn: Any = None, worker_init_fn: Any = None, timeout: float | None = None,
+                 pin_memory: bool | None = None, persistent_workers: bool | None = None, **dataloader_args: Any):
+        refuse_dataloader_args(dataloader_args)
         self._batch_size = _as_int("batch_size", batch_size)
         if self._batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {self._batch_size}")
@@ -139,9 +143,22 @@ class Loader:
         self._streams = _as_int("streams", streams)
         if self._streams <= 0:
             raise ValueError(f"streams must be positive, got {self._streams}")
-        threads = default_num_threads() if num_threads is None else _as_int("num_threads", num_threads)
+        if num_threads is not None and num_workers is not None:
+            raise ValueError(f"num_threads and num_workers name the same thing (the threads or processes that build "
+                             f"batches); give one, got num_threads={num_threads!r} and num_workers={num_workers!r}")
+        threads_given = num_workers if num_threads is None else num_threads
+        threads_name = "num_threads" if num_workers is None else "num_workers"
+        threads = default_num_threads() if threads_given is None else _as_int(threads_name, threads_given)
         if threads <= 0:
-            raise ValueError(f"num_threads must be positive, got {threads}")
+            raise ValueError(f"{threads_name} must be positive, got {threads}"
+                             + (" (fastload has no main-process mode: 1 runs one worker thread)" if threads == 0 else ""))
+        if workers not in _WORKERS:
+            raise ValueError(f"workers must be one of {_WORKERS}, got {workers!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+        source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
+                           worker_init_fn=worker_init_fn, seed=self._seed)
+        self._check_python_options(source, workers, bool(with_index), even)
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
         if partition not in _PARTITION:
             raise ValueError(f"partition must be one of {_PARTITION}, got {partition!r}")
@@ -157,27 +174,31 @@ class Loader:
         self._partition = partition
         self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
+        check_batch_limits(source, batch_size=self._batch_size, world_size=self._world_size)
+        # No batch holds more than min(batch_size, len(source)) rows (the contract's padding never
+        # makes a rank's batch exceed the dataset), so buffers are sized for that.
+        max_rows = min(self._batch_size, len(source))
+        native = source.native_source()
+        layout = batch_layout(native, max_rows, bool(with_index), even == "mask")
         prefetch_origin = ""
         if prefetch is None:
             copy_streams = self._streams if self._device.type == "cuda" else 0
-            prefetch = default_prefetch(source, self._batch_size, bool(with_index), even == "mask", threads,
-                                        copy_streams)
+            prefetch = default_prefetch(layout.batch_bytes(max_rows), threads, copy_streams)
             prefetch_origin = f" (the default: at least one batch per thread, num_threads={threads})"
         self._prefetch = prefetch
         check_loader_limits(source, batch_size=self._batch_size, world_size=self._world_size, prefetch=self._prefetch,
-                            num_threads=threads, streams=self._streams, with_index=with_index, even=even,
+                            num_threads=threads, streams=self._streams, batch_bytes=layout.batch_bytes(max_rows),
                             prefetch_origin=prefetch_origin)
-        self._source_states = source.column_states()  # where the bytes are: checked at every iter()/split()
+        self._fingerprint = fingerprint(source)  # where the bytes are: checked at every iter()/split()
         self._source = source
         self._shuffle, self._drop_last, self._with_index = bool(shuffle), bool(drop_last), bool(with_index)
         self._order, self._even = order, even
         self._num_threads = threads
-        self._names = source.names + (["index"] if self._with_index else []) + (["valid"] if even == "mask" else [])
-        # No batch holds more than min(batch_size, len(source)) rows (the contract's padding never
-        # makes a rank's batch exceed the dataset), so buffers are sized for that.
-        max_rows = min(self._batch_size, len(source))
-        self._engine = _C.Engine([s.as_tuple() for s in source.column_specs()], max_rows, threads,
-                                 self._prefetch, self._with_index, even == "mask", self._streams)
+        self._names = list(layout.names)
+        self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
+                                 self._streams)
+        if timeout:
+            self._engine.set_timeout(float(timeout))
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
         self._run_start = 0  # the running epoch's start position (non-zero after a resume)
@@ -191,6 +212,18 @@ class Loader:
         # driver's "device" memory is host memory that torch cannot import as CUDA).
         self._raw_device_batches = False
         _lifecycle.register(self)
+
+    @staticmethod
+    def _check_python_options(source: Any, workers: str, with_index: bool, even: str) -> None:
+        python = isinstance(source, PythonSource)
+        if workers == "processes" and not python:
+            raise ValueError("workers='processes' runs a Python dataset's __getitem__ in worker processes; "
+                             f"{type(source).__name__} is gathered natively by threads")
+        if python and (with_index or even == "mask") and (source.collates or not source.dict_samples):
+            what = "with_index=True" if with_index else "even='mask'"
+            how = "with collate_fn" if source.collates else "with samples that are not dicts"
+            raise ValueError(f"{what} adds 'index'/'valid' to each batch dict; that is not possible {how}: "
+                             "return a dict from __getitem__")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -236,7 +269,7 @@ class Loader:
         epoch = _as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
-        return self._samplers(1)[0].plan(epoch, 0)
+        return self._samplers(1)[0].plan(epoch, 0, memory_limit())
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iter() run this epoch (from the resumed position, if it is the one
@@ -258,7 +291,7 @@ class Loader:
         _C._park_if_exiting()  # a daemon thread starting an epoch at interpreter exit stops here
         with self._lock:
             self._check_usable()
-            self._source.check_column_states(self._source_states)
+            check_fingerprint(self._source, self._fingerprint)
             indices = [self._gpu_index(dev) for dev in devices]
             if self._pending is not None:
                 epoch, start = self._pending
@@ -281,7 +314,7 @@ class Loader:
             self._run, self._outputs = run, len(devices)
             self._last_epoch = epoch
             self._replicas = self._world_size * len(devices)
-            return [LoaderIterator(self, self._engine, run, d, self._names, i, self._raw_device_batches)
+            return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches)
                     for d, i in enumerate(indices)]
 
     def _gpu_index(self, device: torch.device) -> int:

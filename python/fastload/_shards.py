@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from . import _C
 from ._columns import ColumnSpec, ColumnState, check_column_state, column_state, describe_array, reduce_column, restore_column
 
 # The shard table entry of a fixed-row shard: (address, rows, pitch, offsets_address, items).
@@ -141,5 +142,5 @@ def output_names(specs: Sequence[ColumnSpec]) -> list[str]:
     for s in specs:
         names.append(s.name)
         if s.ragged:
-            names.append(f"{s.name}_lengths")
+            names.append(_C.ragged_lengths_name(s.name))
     return names

@@ -27,6 +27,8 @@ class LoaderStats:
     - ready_mean: batches already waiting when next() was called (near 0: the loop is waiting
       for the loader; near prefetch: the loader is ahead).
     - collation: building each batch (sampling and gathering, on one thread).
+    - user_s: of the collation time, the time inside a Python dataset's own code (__getitem__,
+      __getitems__, collate_fn), summed over the worker threads; 0 for array sources.
     - copy: per GPU output, from issuing a batch's host-to-device copies until the transfer
       thread saw them complete (an upper bound on the copy time).
     - pinned_bytes, device_bytes, host_bytes: memory the loader's pools hold (batches you keep
@@ -50,6 +52,7 @@ class LoaderStats:
     host_bytes: int = 0
     host_allocations: int = 0
     device_allocations: int = 0
+    user_s: float = 0.0
 
     @property
     def wait_share(self) -> float:
@@ -68,7 +71,7 @@ class LoaderStats:
                    num_threads=run["num_threads"], prefetch=run["prefetch"], streams=run["streams"],
                    pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
-                   device_allocations=memory["device_allocations"])
+                   device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0))
 
     def __str__(self) -> str:
         def ms(s: float) -> str:
@@ -83,6 +86,9 @@ class LoaderStats:
             ("collation", f"{self.collation.busy_s:.3f} s busy on {self.num_threads} threads; "
                           f"p50 {ms(self.collation.p50_s)}, p99 {ms(self.collation.p99_s)} per batch"),
         ]
+        if self.user_s > 0:
+            rows.append(("user code", f"{self.user_s:.3f} s in the dataset's __getitem__ "
+                                      f"({100 * self.user_s / max(self.collation.busy_s, 1e-12):.0f}% of collation)"))
         for device, c in self.copy.items():
             rows.append((f"copy {device}", f"{c.busy_s:.3f} s; p50 {ms(c.p50_s)}, p99 {ms(c.p99_s)} per batch "
                                            f"({self.streams} streams)"))

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence, TextIO, Union
 import numpy as np
 import torch
 
-from ._columns import part_row_bytes
+from ._source import Source, batch_bytes_of
 from ._dataset import Dataset, Windows
 from ._loader import Loader
 
@@ -325,7 +325,7 @@ def _check_output(option: str, path: Path, suffixes: Sequence[str] | None = None
 def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: Any) -> tuple[Dataset | Windows, str]:
     if isinstance(window, int):
         window = (window, window)
-    if isinstance(source, (Dataset, Windows)):
+    if isinstance(source, Source):
         if window is not None or dtype is not None:
             raise ValueError("window and dtype apply to a path or an array, not to a Dataset or Windows")
         return source, type(source).__name__
@@ -519,8 +519,8 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     dev = probe.device
     probe.close()
     gpu = dev.type == "cuda"
-    row_bytes = sum(part_row_bytes(src.column_specs()))
-    batch_bytes = row_bytes * min(batch_size, len(src))
+    batch_bytes = batch_bytes_of(src, batch_size)
+    row_bytes = batch_bytes // max(1, min(batch_size, len(src)))
     thread_grid = _grid_values("threads", threads, default_threads())
     if prefetch is None:
         fitting = [p for p in DEFAULT_PREFETCH if (p + 2) * batch_bytes <= _MEMORY_CAP]
@@ -591,13 +591,10 @@ def recommend(rows: Sequence[TunePoint]) -> tuple[TunePoint, TunePoint]:
 
 def _defaults(src: Dataset | Windows, batch_size: int) -> dict[str, int]:
     """What fl.Loader(source, batch_size) picks by itself, for comparison with the grid."""
-    try:
-        from ._environment import default_num_threads
-        from ._loader import default_prefetch
-        threads = default_num_threads()
-        return {"num_threads": threads, "prefetch": default_prefetch(src, batch_size, False, False, threads)}
-    except (ImportError, TypeError):  # the defaults' helpers moved: leave the comparison out
-        return {}
+    from ._environment import default_num_threads
+    from ._loader import default_prefetch
+    threads = default_num_threads()
+    return {"num_threads": threads, "prefetch": default_prefetch(batch_bytes_of(src, batch_size), threads)}
 
 
 # ---------------------------------------------------------------------------- command line

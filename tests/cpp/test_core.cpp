@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/array_source.h"
 #include "core/buffer_pool.h"
 #include "core/cpu_cache.h"
 #include "core/engine.h"
@@ -133,10 +134,10 @@ struct Source {
     }
   }
 
-  std::vector<ColumnSpec> specs() const {
-    std::vector<ColumnSpec> s;
+  std::vector<ArrayColumn> specs() const {
+    std::vector<ArrayColumn> s;
     auto add = [&](const char* name, const void* base, int64_t pitch, int64_t row_bytes) {
-      ColumnSpec c;
+      ArrayColumn c;
       c.name = name;
       c.base = static_cast<const std::byte*>(base);
       c.rows = n;
@@ -159,9 +160,15 @@ constexpr uintptr_t kPartAlign = 256;
 // Checks one batch against the plan and the source: step, row count, one buffer per layout part
 // (each big enough and 256-byte aligned), the index and valid parts, and every column's rows
 // (bytes equal the source row of the expected id; the "id" column is also checked as a value).
+
+// The columns an array source gathers (what the tests compare batches with).
+const std::vector<ArrayColumn>& columns_of(const std::shared_ptr<BatchSource>& source) {
+  return dynamic_cast<const ArraySource&>(*source).columns();
+}
+
 // Returns "" when right, else what is wrong.
-std::string batch_error(const BatchLayout& L, const EpochPlan& plan, int64_t step,
-                        const Batch& b) {
+std::string batch_error(const std::vector<ArrayColumn>& columns, const BatchLayout& L, const EpochPlan& plan,
+                        int64_t step, const Batch& b) {
   std::ostringstream err;
   if (b.parts.size() != L.num_parts()) {
     err << b.parts.size() << " parts where the layout has " << L.num_parts();
@@ -216,8 +223,8 @@ std::string batch_error(const BatchLayout& L, const EpochPlan& plan, int64_t ste
         return err.str();
       }
     }
-    for (size_t c = 0; c < L.columns.size(); ++c) {
-      const ColumnSpec& col = L.columns[c];
+    for (size_t c = 0; c < columns.size(); ++c) {
+      const ArrayColumn& col = columns[c];
       const std::byte* row = b.parts[c]->data() + static_cast<size_t>(i * col.row_bytes);
       if (std::memcmp(row, col.base + id * col.pitch, static_cast<size_t>(col.row_bytes)) != 0) {
         err << "step " << step << " row " << i << " (id " << id << "): column " << col.name
@@ -293,7 +300,7 @@ int64_t consume_all(const BatchLayout& L, Pipeline& p, int output, std::vector<i
       break;
     }
     if (!native) hand_out(b);
-    const std::string e = batch_error(L, plan, step, b);
+    const std::string e = batch_error(columns_of(p.source()), L, plan, step, b);
     CHECK_MSG(e.empty(), "output " << output << ": " << e);
     if (ids) {
       const BatchSpan span = plan.batch(step);
@@ -875,7 +882,7 @@ namespace {
 // with its source; also checks nothing is written past the batch.
 bool gathers_exactly(const std::vector<uint8_t>& src, int64_t rows, int64_t pitch, int64_t row_bytes,
                      const int64_t* ids, int64_t count) {
-  ColumnSpec c;
+  ArrayColumn c;
   c.name = "c";
   c.base = reinterpret_cast<const std::byte*>(src.data());
   c.rows = rows;
@@ -1200,7 +1207,7 @@ TEST_CASE(engine_multiple_outputs_round_robin_from_one_thread) {
           ok = false;
           continue;
         }
-        const std::string err = batch_error(e.layout(), p->plan(d), s, b);
+        const std::string err = batch_error(src.specs(), e.layout(), p->plan(d), s, b);
         if (!err.empty() && ok) CHECK_MSG(err.empty(), "output " << d << ": " << err);
         ok &= err.empty();
         hand_out(b);
@@ -1248,7 +1255,7 @@ TEST_CASE(engine_cancel_and_restart_mid_epoch) {
       Batch b;
       CHECK(next_blocking(*p, 0, &b) == NextStatus::Ok);
       hand_out(b);
-      CHECK(batch_error(e.layout(), p->plan(0), s, b).empty());
+      CHECK(batch_error(src.specs(), e.layout(), p->plan(0), s, b).empty());
       kept = b;
     }
     p->cancel();
@@ -1260,7 +1267,7 @@ TEST_CASE(engine_cancel_and_restart_mid_epoch) {
     }
     auto p2 = e.start(make_plans(c, {0}, 1));
     consume_all(e.layout(), *p2, 0, nullptr);
-    CHECK(batch_error(e.layout(), p->plan(0), 2, kept).empty());  // a handed-out batch stays
+    CHECK(batch_error(src.specs(), e.layout(), p->plan(0), 2, kept).empty());  // a handed-out batch stays
     // The kept batch, the window and the batch being dropped; the kept one is the user's.
     const BufferPoolCounts hc = e.host_counts();
     CHECK_MSG(hc.allocations <= (o.prefetch + 2) * parts && hc.frees == 0, show(hc));
@@ -1281,7 +1288,7 @@ TEST_CASE(engine_cancel_and_restart_mid_epoch) {
       Batch b;
       CHECK(next_blocking(*p, 0, &b) == NextStatus::Ok);
       hand_out(b);
-      CHECK(batch_error(e.layout(), p->plan(0), s, b).empty());
+      CHECK(batch_error(src.specs(), e.layout(), p->plan(0), s, b).empty());
     }
     prev = p;
   }
@@ -1307,7 +1314,7 @@ TEST_CASE(engine_cancel_and_restart_mid_epoch) {
           const NextStatus st = next_blocking(*p, 0, &b);
           if (st == NextStatus::End || st == NextStatus::Cancelled) break;
           hand_out(b);
-          const std::string err = batch_error(e.layout(), p->plan(0), s, b);
+          const std::string err = batch_error(src.specs(), e.layout(), p->plan(0), s, b);
           CHECK_MSG(err.empty(), err);
         }
       } catch (const std::exception& ex) {
@@ -1341,7 +1348,7 @@ TEST_CASE(engine_destroyed_mid_epoch_while_workers_are_busy) {
     if (it % 2) {
       CHECK(next_blocking(*p, 0, &first) == NextStatus::Ok);
       hand_out(first);
-      CHECK(batch_error(e->layout(), p->plan(0), 0, first).empty());
+      CHECK(batch_error(src.specs(), e->layout(), p->plan(0), 0, first).empty());
     }
     // A consumer blocked in next() while the engine goes away: a batch or Cancelled, no hang.
     std::thread consumer;
@@ -1362,7 +1369,7 @@ TEST_CASE(engine_destroyed_mid_epoch_while_workers_are_busy) {
     e.reset();  // cancels and joins while workers gather
     if (consumer.joinable()) consumer.join();
     // The batch and the pipeline outlive the engine (each part keeps its pool alive).
-    if (!first.parts.empty()) CHECK(batch_error(layout, p->plan(0), 0, first).empty());
+    if (!first.parts.empty()) CHECK(batch_error(src.specs(), layout, p->plan(0), 0, first).empty());
     Batch b;
     if (it % 3 != 0) CHECK(p->next(0, milliseconds(10), &b) == NextStatus::Cancelled);
   }
@@ -1469,7 +1476,7 @@ TEST_CASE(engine_held_batches_never_block_and_never_change) {
     for (int64_t s = 0; s < nb; ++s) {
       const Batch& b = held[static_cast<size_t>(s)];
       if (b.parts.empty()) continue;
-      const std::string err = batch_error(e->layout(), plan0, s, b);
+      const std::string err = batch_error(src.specs(), e->layout(), plan0, s, b);
       if (!err.empty() && ok) CHECK_MSG(err.empty(), when << ": " << err);
       ok &= err.empty();
     }
@@ -1511,7 +1518,7 @@ TEST_CASE(engine_held_batches_never_block_and_never_change) {
   e.reset();
   CHECK(alloc->allocated() - alloc->freed() == still * parts);  // close() freed the spares
   bool ok = true;
-  for (int64_t s = 1; s < nb; s += 2) ok &= batch_error(layout, plan0, s, held[static_cast<size_t>(s)]).empty();
+  for (int64_t s = 1; s < nb; s += 2) ok &= batch_error(src.specs(), layout, plan0, s, held[static_cast<size_t>(s)]).empty();
   CHECK(ok);
   held.clear();
   CHECK(alloc->allocated() == alloc->freed());
@@ -1556,7 +1563,7 @@ TEST_CASE(engine_fail_at_step_and_allocator_failure_surface_as_errors) {
             break;
           }
           hand_out(b);
-          CHECK(batch_error(e.layout(), p->plan(0), s, b).empty());
+          CHECK(batch_error(src.specs(), e.layout(), p->plan(0), s, b).empty());
           ++ok_batches;
         }
       } catch (const CollationError& ex) {
@@ -1639,7 +1646,7 @@ TEST_CASE(engine_constructor_and_start_argument_errors) {
   EngineOptions io;
   io.with_index = true;
   io.batch_size = 7;
-  Engine index_only({}, io);
+  Engine index_only(std::vector<ArrayColumn>{}, io);
   auto q = index_only.start(make_plans(make_cfg(50, 7, 1, 0, true), {0}, 0));
   std::vector<int64_t> ids;
   consume_all(index_only.layout(), *q, 0, &ids);
@@ -1684,7 +1691,7 @@ TEST_CASE(engine_stress_restarts_with_concurrent_consumers) {
               break;
             }
             hand_out(b);
-            const std::string err = batch_error(layout, p->plan(d), s, b);
+            const std::string err = batch_error(src.specs(), layout, p->plan(d), s, b);
             CHECK_MSG(err.empty(), "iteration " << it << " output " << d << ": " << err);
             ++batches;
           }
@@ -1737,12 +1744,12 @@ struct OwnPipeline {
   std::shared_ptr<Pipeline> pipeline;
   std::vector<std::thread> workers;
 
-  OwnPipeline(std::shared_ptr<const BatchLayout> L, std::vector<OutputSpec> outputs, int64_t prefetch,
-              std::shared_ptr<HostAllocator> alloc, int64_t keep = 1000)
+  OwnPipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> L, std::vector<OutputSpec> outputs,
+              int64_t prefetch, std::shared_ptr<HostAllocator> alloc, int64_t keep = 1000)
       : layout(std::move(L)) {
     for (size_t p = 0; p < layout->num_parts(); ++p)
       pools.push_back(BufferPool::create(layout->part_bytes(p), keep, alloc));
-    pipeline = std::make_shared<Pipeline>(layout, std::move(outputs), prefetch, pools);
+    pipeline = std::make_shared<Pipeline>(source, layout, std::move(outputs), prefetch, pools);
   }
   std::thread::id add_worker() {
     auto p = pipeline;
@@ -1777,12 +1784,13 @@ struct OwnPipeline {
 // prefetch/2 = 4) sleeps until its timeout, which is what the old code did to both.
 TEST_CASE(native_consumer_is_woken_by_each_ready_batch) {
   const Source src(2000);
-  auto layout = std::make_shared<const BatchLayout>(src.specs(), true, false, 16);
+  auto source = std::make_shared<ArraySource>(src.specs());
+  auto layout = std::make_shared<const BatchLayout>(source->schema(), true, false, 16);
   const EpochPlan plan(make_cfg(src.n, 16, 1, 0, true), 0, 0);
   const int64_t prefetch = 8;
   for (bool native : {true, false}) {
     auto gate = std::make_shared<GatedAllocator>();
-    OwnPipeline own(layout, {{plan, native}}, prefetch, gate);
+    OwnPipeline own(source, layout, {{plan, native}}, prefetch, gate);
     Pipeline& p = *own.pipeline;
     const std::thread::id a = own.add_worker();
     CHECK(gate->wait_for_waiters(1));  // A claimed step 0 and waits in its first allocation
@@ -1807,7 +1815,7 @@ TEST_CASE(native_consumer_is_woken_by_each_ready_batch) {
     std::printf("    (%s consumer: next() returned %.1f ms after step 0 could be built)\n",
                 native ? "native" : "Python", after_ready * 1e3);
     CHECK_MSG(status == NextStatus::Ok, status_name(status));
-    CHECK(batch_error(*layout, plan, 0, got).empty());
+    CHECK(batch_error(src.specs(), *layout, plan, 0, got).empty());
     if (native) {
       // Well before its 20 s timeout: woken by step 0 alone (generous: TSan, a loaded machine).
       CHECK_MSG(after_ready < 3.0, "native consumer waited " << waited << " s for a ready batch");
@@ -1824,7 +1832,7 @@ TEST_CASE(native_consumer_is_woken_by_each_ready_batch) {
         CHECK_MSG(false, "no batch " << s);
         break;
       }
-      CHECK(batch_error(*layout, plan, s, b).empty());
+      CHECK(batch_error(src.specs(), *layout, plan, s, b).empty());
       b = Batch();
       if (native) p.retire(0);
     }
@@ -1839,19 +1847,20 @@ TEST_CASE(native_consumer_is_woken_by_each_ready_batch) {
 // a batch before it retires it, so each part's pool never needs more than prefetch buffers.
 TEST_CASE(native_window_frees_a_place_only_on_retire) {
   const Source src(3000);
-  auto layout = std::make_shared<const BatchLayout>(src.specs(), true, true, 8);
+  auto source = std::make_shared<ArraySource>(src.specs());
+  auto layout = std::make_shared<const BatchLayout>(source->schema(), true, true, 8);
   const EpochPlan plan(make_cfg(src.n, 8, 1, 0, true, Order::Random, Even::Mask), 1, 0);
   const int64_t prefetch = 3;
   for (bool native : {true, false}) {
     auto alloc = std::make_shared<CountingAllocator>();
-    OwnPipeline own(layout, {{plan, native}}, prefetch, alloc);
+    OwnPipeline own(source, layout, {{plan, native}}, prefetch, alloc);
     Pipeline& p = *own.pipeline;
     for (int t = 0; t < 3; ++t) own.add_worker();
     std::deque<Batch> held;  // taken, not yet retired
     for (int64_t s = 0; s < prefetch; ++s) {
       Batch b;
       CHECK(next_blocking(p, 0, &b) == NextStatus::Ok);
-      CHECK(batch_error(*layout, plan, s, b).empty());
+      CHECK(batch_error(src.specs(), *layout, plan, s, b).empty());
       held.push_back(std::move(b));
     }
     Batch extra;
@@ -1880,7 +1889,7 @@ TEST_CASE(native_window_frees_a_place_only_on_retire) {
         CHECK_MSG(false, status_name(st));
         break;
       }
-      CHECK(batch_error(*layout, plan, step, b).empty());
+      CHECK(batch_error(src.specs(), *layout, plan, step, b).empty());
       held.push_back(std::move(b));
       ++step;
     }
@@ -1927,7 +1936,7 @@ TEST_CASE(held_batches_dropped_together_never_churn_the_pool) {
       CHECK_MSG(st == NextStatus::Ok, status_name(st));
       if (st != NextStatus::Ok) break;
       hand_out(b);
-      CHECK(batch_error(e.layout(), p->plan(0), step, b).empty());
+      CHECK(batch_error(src.specs(), e.layout(), p->plan(0), step, b).empty());
       held.push_back(std::move(b));
       ++step;
       const BufferPoolCounts hc = e.host_counts();
@@ -2091,7 +2100,7 @@ TEST_CASE(two_consumers_on_one_output_take_every_batch_once) {
                 break;
               }
               if (!native) hand_out(b);
-              const std::string err = batch_error(e.layout(), plan, b.step, b);
+              const std::string err = batch_error(src.specs(), e.layout(), plan, b.step, b);
               CHECK_MSG(err.empty(), err);
               steps[static_cast<size_t>(t)].push_back(b.step);
               if (native) {
@@ -2190,7 +2199,7 @@ TEST_CASE(fork_child_does_not_join_the_parents_threads) {
       CHECK(s == p->plan(0).num_batches());
       break;
     }
-    CHECK(batch_error(e->layout(), p->plan(0), s, next).empty());
+    CHECK(batch_error(src.specs(), e->layout(), p->plan(0), s, next).empty());
   }
   delete e;
 }

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/array_source.h"
 #include "core/engine.h"
 #include "core/pipeline.h"
 #include "cuda/driver.h"
@@ -165,10 +166,10 @@ struct Source {
     for (size_t k = 0; k < feat.size(); ++k) feat[k] = static_cast<uint8_t>(k * 2654435761u >> 11);
     for (size_t k = 0; k < odd.size(); ++k) odd[k] = static_cast<uint8_t>(k * 7 + 3);
   }
-  std::vector<ColumnSpec> specs() const {
-    std::vector<ColumnSpec> s;
+  std::vector<ArrayColumn> specs() const {
+    std::vector<ArrayColumn> s;
     auto add = [&](const char* name, const void* base, int64_t row_bytes) {
-      ColumnSpec c;
+      ArrayColumn c;
       c.name = name;
       c.base = static_cast<const std::byte*>(base);
       c.rows = n;
@@ -193,8 +194,15 @@ EngineOptions options(int64_t batch, int64_t prefetch, int threads = 2) {
   return o;
 }
 
+
+// The columns an array source gathers (what the tests compare batches with).
+const std::vector<ArrayColumn>& columns_of(const std::shared_ptr<BatchSource>& source) {
+  return dynamic_cast<const ArraySource&>(*source).columns();
+}
+
 // The bytes part `p` of a batch of `rows` rows must hold.
-std::vector<uint8_t> expected_part(const BatchLayout& L, const EpochPlan& plan, int64_t step, size_t p) {
+std::vector<uint8_t> expected_part(const std::vector<ArrayColumn>& columns, const BatchLayout& L, const EpochPlan& plan,
+                                   int64_t step, size_t p) {
   const BatchSpan span = plan.batch(step);
   std::vector<int64_t> ids(static_cast<size_t>(span.count));
   std::unique_ptr<bool[]> valid(new bool[static_cast<size_t>(span.count) + 1]);
@@ -208,7 +216,7 @@ std::vector<uint8_t> expected_part(const BatchLayout& L, const EpochPlan& plan, 
     } else if (static_cast<int>(p) == L.valid_part) {
       *dst = valid[i] ? 1 : 0;
     } else {
-      const ColumnSpec& c = L.columns[p];
+      const ArrayColumn& c = columns[p];
       std::memcpy(dst, c.base + ids[static_cast<size_t>(i)] * c.pitch, row);
     }
   }
@@ -231,8 +239,8 @@ std::vector<std::vector<uint8_t>> read_back(const BatchLayout& L, const cuda::De
 }
 
 // "" if the batch read back on `stream` is step `step` of `plan` on `device`, else what is wrong.
-std::string batch_error(const BatchLayout& L, const EpochPlan& plan, int64_t step, int device,
-                        const cuda::DeviceBatch& b, api::CUstream stream) {
+std::string batch_error(const std::vector<ArrayColumn>& columns, const BatchLayout& L, const EpochPlan& plan,
+                        int64_t step, int device, const cuda::DeviceBatch& b, api::CUstream stream) {
   std::ostringstream err;
   if (b.step != step) {
     err << "step " << b.step << " where " << step << " was expected";
@@ -258,7 +266,7 @@ std::string batch_error(const BatchLayout& L, const EpochPlan& plan, int64_t ste
   }
   const std::vector<std::vector<uint8_t>> got = read_back(L, b, stream);
   for (size_t p = 0; p < got.size(); ++p)
-    if (got[p] != expected_part(L, plan, step, p)) {
+    if (got[p] != expected_part(columns, L, plan, step, p)) {
       err << "step " << step << " part " << p << ": device bytes differ from the source rows";
       return err.str();
     }
@@ -348,7 +356,7 @@ int64_t consume_all(GpuLoader& L, int d, api::CUstream stream, std::vector<int64
       CHECK_MSG(false, "output " << d << " step " << step << ": " << status_name(s));
       break;
     }
-    const std::string err = batch_error(layout, plan, step, t.device(), b, stream);
+    const std::string err = batch_error(columns_of(L.engine->source()), layout, plan, step, t.device(), b, stream);
     CHECK_MSG(err.empty(), "output " << d << ": " << err);
     if (ids) {
       const BatchSpan span = plan.batch(step);
@@ -494,7 +502,7 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
       size_t offset = stride * static_cast<size_t>(s);
       bool same = true;
       for (size_t p = 0; p < layout.num_parts(); ++p) {
-        const std::vector<uint8_t> want = expected_part(layout, plan, s, p);
+        const std::vector<uint8_t> want = expected_part(src.specs(), layout, plan, s, p);
         same &= std::memcmp(static_cast<uint8_t*>(staging) + offset, want.data(), want.size()) == 0;
         offset += layout.part_bytes(p);
       }
@@ -527,7 +535,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
       for (int64_t s = 0; s < it; ++s) {
         cuda::DeviceBatch b;
         CHECK(next_blocking(*L.transfers[0], L.pipeline.get(), consumer.get(), &b) == NextStatus::Ok);
-        CHECK(batch_error(L.engine->layout(), L.pipeline->plan(0), s, 0, b, consumer.get()).empty());
+        CHECK(batch_error(src.specs(), L.engine->layout(), L.pipeline->plan(0), s, 0, b, consumer.get()).empty());
         release(b, consumer.get());
       }
       // An iterator of the old epoch gets Cancelled once the next one started.
@@ -588,7 +596,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
               held_while_paused << " batches handed out while no copy could finish");
     CHECK(held.size() <= held_while_paused + 1);
     for (size_t s = 0; s < held.size(); ++s) {
-      CHECK(batch_error(L.engine->layout(), L.pipeline->plan(0), static_cast<int64_t>(s), 0, held[s],
+      CHECK(batch_error(src.specs(), L.engine->layout(), L.pipeline->plan(0), static_cast<int64_t>(s), 0, held[s],
                         consumer.get()).empty());
       release(held[s], consumer.get());
     }
@@ -598,7 +606,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
   check_all_released("after a stop with a blocked consumer");
   // 3. The engines go mid-epoch while the user holds batches (some read, some not yet).
   for (int order = 0; order < 2; ++order) {
-    const BatchLayout layout(src.specs(), true, true, 16);
+    const BatchLayout layout(ArraySource(src.specs()).schema(), true, true, 16);
     std::vector<cuda::DeviceBatch> held;
     std::shared_ptr<Pipeline> pipeline;
     auto consumer = std::make_unique<cuda::Stream>(cuda::PrimaryContext::retain(0));
@@ -609,7 +617,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
       for (int64_t s = 0; s < 3; ++s) {
         cuda::DeviceBatch b;
         CHECK(next_blocking(*L.transfers[0], L.pipeline.get(), consumer->get(), &b) == NextStatus::Ok);
-        if (s == 0) CHECK(batch_error(layout, pipeline->plan(0), s, 0, b, consumer->get()).empty());
+        if (s == 0) CHECK(batch_error(src.specs(), layout, pipeline->plan(0), s, 0, b, consumer->get()).empty());
         held.push_back(std::move(b));
       }
       if (order == 0) {
@@ -622,7 +630,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
     }
     CHECK(fake().stat("contexts_retained") > 0);  // the held batches keep the context
     for (size_t s = 0; s < held.size(); ++s) {
-      CHECK_MSG(batch_error(layout, pipeline->plan(0), static_cast<int64_t>(s), 0, held[s], consumer->get()).empty(),
+      CHECK_MSG(batch_error(src.specs(), layout, pipeline->plan(0), static_cast<int64_t>(s), 0, held[s], consumer->get()).empty(),
                 "held batch " << s << " after its engine is gone (order " << order << ")");
       release(held[s], consumer->get());
     }
@@ -661,7 +669,7 @@ TEST_CASE(transfer_errors_surface_from_next) {
               CHECK_MSG(false, "next() returned " << status_name(s) << " instead of throwing");
               break;
             }
-            CHECK(batch_error(L.engine->layout(), L.pipeline->plan(0), good, 0, b, consumer.get()).empty());
+            CHECK(batch_error(src.specs(), L.engine->layout(), L.pipeline->plan(0), good, 0, b, consumer.get()).empty());
             release(b, consumer.get());
             ++good;
           }

@@ -1,0 +1,412 @@
+// fastload._C.Engine, Epoch and Iterator: the loader runtime (runtime/loader_runtime.h) as Python
+// holds it. Every wait releases the GIL and wakes every 50 ms to let Python check for Ctrl-C;
+// batches leave as DLPack capsules made into torch tensors natively.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bindings/device_part.h"
+#include "bindings/dlpack_export.h"
+#include "bindings/exit_parking.h"
+#include "bindings/py_source.h"
+#include "bindings/register.h"
+#include "bindings/source.h"
+#include "bindings/testing.h"
+#include "bindings/without_gil.h"
+#include "cuda/driver.h"
+#include "runtime/loader_runtime.h"
+
+namespace py = pybind11;
+
+namespace fastload {
+
+namespace {
+
+constexpr std::chrono::milliseconds kSignalCheckInterval{50};
+
+// A wait ended because the epoch was cancelled.
+struct Cancelled {};
+
+// The Python-facing engine: the runtime, plus the source handle (whose Python objects own the
+// memory the threads read) and what Python needs to build tensors.
+class PyEngine {
+ public:
+  PyEngine(const SourceHandle& source, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
+           bool with_valid, int streams)
+      : source_(source.keepalive) {
+    RuntimeOptions o;
+    o.engine.num_threads = num_threads;
+    o.engine.prefetch = prefetch;
+    o.engine.with_index = with_index;
+    o.engine.with_valid = with_valid;
+    o.engine.batch_size = batch_size;
+    o.streams = streams;
+    runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
+    python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
+    for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
+  }
+
+  ~PyEngine() {
+    // Joining threads must not hold the GIL; the source's objects (source_) die after, with it.
+    if (runtime_) without_gil([&] { runtime_.reset(); });
+  }
+
+  void close() { without_gil([&] { runtime_->close(); }); }
+
+  std::shared_ptr<Run> start(const std::vector<SamplerConfig>& configs, int64_t epoch, int64_t start_position,
+                             int64_t fail_at_step, const std::vector<int>& devices) {
+    std::vector<EpochPlan> plans;
+    for (const SamplerConfig& c : configs) plans.emplace_back(c, epoch, start_position);
+    auto run = without_gil([&] { return runtime_->start(std::move(plans), fail_at_step, devices); });
+    if (python_) python_->reset_user_ns();  // the epoch's time in user code starts now
+    return run;
+  }
+
+  // The next batch's parts (None at the end) as DLPack capsules, or RawDevicePart with raw=True
+  // (tests with the stand-in driver). For a GPU output `stream` is the consumer's stream, made to
+  // wait on the batch's copy. `ready`, if given, gets the batches ready when the call began.
+  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* ready,
+                  std::shared_ptr<void>* extras) {
+    runtime_->check_not_forked();
+    if (run.transfers.at(static_cast<size_t>(output)))
+      return take_device(run, output, stream, raw, rows, ready, extras);
+    Batch batch;
+    int64_t* ready_at_entry = ready;  // counted by the first attempt only
+    const bool more = wait([&](std::chrono::milliseconds timeout) {
+      const NextStatus status = runtime_->next_host(run, output, timeout, &batch, ready_at_entry);
+      ready_at_entry = nullptr;
+      return status;
+    });
+    if (!more) return py::none();
+    *rows = batch.rows;
+    *extras = std::move(batch.extras);
+    const BatchLayout& L = runtime_->layout();
+    py::list parts;
+    for (size_t p = 0; p < L.num_parts(); ++p) {
+      batch.parts[p]->hand_to_user();
+      parts.append(export_tensor(batch.parts[p], batch.parts[p]->data(), 1, 0, L.parts[p].dtype, batch.rows,
+                                 L.parts[p].row_shape));
+    }
+    return std::move(parts);
+  }
+
+  py::dict memory() const {
+    const MemoryCounts c = runtime_->memory();
+    py::dict d;
+    d["host_bytes"] = c.host_bytes;
+    d["pinned_bytes"] = c.pinned_bytes;
+    d["host_buffers"] = c.host.live();
+    d["host_allocations"] = c.host.allocations;
+    d["host_frees"] = c.host.frees;
+    d["host_with_user"] = c.host.with_user;
+    d["pinned_buffers"] = c.pinned_buffers;
+    d["device_bytes"] = c.device_bytes;
+    d["device_buffers"] = c.device_buffers;
+    d["device_allocations"] = c.device_allocations;
+    d["batches_copied"] = c.batches_copied;
+    d["num_threads"] = c.num_threads;
+    return d;
+  }
+
+  // One epoch's counters (see fastload.LoaderStats for what each means).
+  py::dict stats(const Run& run) const {
+    py::dict d;
+    const RunStats& r = run.stats;
+    d["epoch"] = run.epoch;
+    d["batches"] = r.batches;
+    d["samples"] = r.samples;
+    d["bytes"] = r.bytes;
+    d["wait_s"] = static_cast<double>(r.wait_ns) * 1e-9;
+    d["wall_s"] = std::chrono::duration<double>(RunStats::Clock::now() - r.started).count();
+    d["ready_mean"] = r.batches ? static_cast<double>(r.ready_sum) / static_cast<double>(r.batches) : 0.0;
+    d["collation"] = stage(run.pipeline->collation_times());
+    py::dict copies;
+    for (size_t o = 0; o < run.transfers.size(); ++o)
+      if (run.transfers[o])
+        copies[py::str("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o))] =
+            stage(run.transfers[o]->copy_times());
+    d["copy"] = copies;
+    d["user_s"] = python_ ? static_cast<double>(python_->user_ns()) * 1e-9 : 0.0;
+    d["num_threads"] = runtime_->num_threads();
+    d["prefetch"] = runtime_->prefetch();
+    d["streams"] = runtime_->streams();
+    return d;
+  }
+
+  // After a hand-out: the one-time stall hint, logged at the start of the next next(), before a
+  // batch is taken (logging runs Python code, which a signal may interrupt).
+  void check_stall(const Run& run, double share) {
+    std::string hint = runtime_->stall_hint(run, share);
+    if (!hint.empty()) pending_warning_ = std::move(hint);
+  }
+
+  void flush_warning() {
+    if (pending_warning_.empty()) return;
+    std::string message;
+    message.swap(pending_warning_);
+    py::module_::import("logging").attr("getLogger")("fastload").attr("warning")(message);
+  }
+
+  const std::vector<py::str>& names() const { return names_; }
+  const std::shared_ptr<PythonSource>& python_source() const { return python_; }
+  void set_timeout(double seconds) { timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
+  const BatchLayout& layout() const { return runtime_->layout(); }
+  std::shared_ptr<BatchLayout> layout_copy() const { return std::make_shared<BatchLayout>(runtime_->layout()); }
+  void set_misuse(const std::string& m) { runtime_->set_misuse(parse_misuse(m)); }
+  // The per-batch counters of the iterator (for the benchmark that measures what they cost).
+  void set_counting(bool on) { counting_ = on; }
+  bool counting() const { return counting_; }
+
+ private:
+  // step(timeout) takes a batch; it waits in slices with the GIL released, checking for Ctrl-C
+  // in between. False at the end. (A first attempt with the GIL held and no timeout was tried:
+  // 8-12% slower on the small-batch benchmarks, as the expired wait still sleeps on the
+  // condition variable and makes the workers signal it.)
+  template <typename F>
+  bool wait(F&& step) {
+    for (;;) {
+      const NextStatus status = without_gil([&] { return step(kSignalCheckInterval); });
+      if (status == NextStatus::Ok) return true;
+      if (status == NextStatus::End) return false;
+      if (status == NextStatus::Cancelled) throw Cancelled();
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (python_ && timeout_.count() > 0) {
+        const std::string late = python_->overdue(timeout_);
+        if (!late.empty()) {
+          PyErr_SetString(PyExc_TimeoutError, ("fastload: " + late + " (timeout=" +
+                                               std::to_string(timeout_.count() / 1000.0) + " s)").c_str());
+          throw py::error_already_set();
+        }
+      }
+    }
+  }
+
+  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* ready,
+                         std::shared_ptr<void>* extras) {
+    const auto stream = reinterpret_cast<cuda::api::CUstream>(raw_stream);
+    cuda::DeviceBatch batch;
+    int64_t* ready_at_entry = ready;
+    const bool more = wait([&](std::chrono::milliseconds timeout) {
+      const NextStatus status = runtime_->next_device(run, output, stream, timeout, &batch, ready_at_entry);
+      ready_at_entry = nullptr;
+      return status;
+    });
+    if (!more) return py::none();
+    *rows = batch.rows;
+    *extras = std::move(batch.extras);
+    const BatchLayout& L = runtime_->layout();
+    py::list parts;
+    for (size_t p = 0; p < L.num_parts(); ++p) {
+      auto user = std::make_shared<UserDevicePart>(std::move(batch.parts[p]), stream);
+      const PartSchema& m = L.parts[p];
+      if (raw) {
+        std::vector<int64_t> shape{batch.rows};
+        shape.insert(shape.end(), m.row_shape.begin(), m.row_shape.end());
+        const size_t bytes = L.part_row_bytes[p] * static_cast<size_t>(batch.rows);
+        parts.append(py::cast(RawDevicePart{user, bytes, m.dtype, shape}));
+      } else {
+        void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(user->buffer->ptr()));
+        const int device = user->buffer->device();
+        parts.append(export_tensor(std::move(user), data, 2, device, m.dtype, batch.rows, m.row_shape));
+      }
+    }
+    return std::move(parts);
+  }
+
+  static py::dict stage(const StageTimes& t) {
+    py::dict d;
+    d["count"] = t.count();
+    d["busy_s"] = static_cast<double>(t.total_ns()) * 1e-9;
+    d["p50_s"] = static_cast<double>(t.quantile_ns(0.5)) * 1e-9;
+    d["p99_s"] = static_cast<double>(t.quantile_ns(0.99)) * 1e-9;
+    return d;
+  }
+
+  py::object source_;  // declared first: destroyed last, after the runtime has joined its threads
+  std::shared_ptr<PythonSource> python_;  // the source, when it is a Python dataset
+  std::chrono::milliseconds timeout_{0};  // a call into the dataset longer than this fails next()
+  std::unique_ptr<LoaderRuntime> runtime_;
+  std::vector<py::str> names_;
+  bool counting_ = true;
+  std::string pending_warning_;
+};
+
+const char* const kSupersededMessage =
+    "this iterator's epoch was ended by a newer iter()/split() on the same Loader, by "
+    "load_state_dict() or by close(); take batches from the newest iterator";
+
+// One output's batches of one epoch, in order, as dict[str, torch.Tensor]. next() is C++ from
+// start to end: between taking a batch from the native side and returning it no Python code
+// runs, so a KeyboardInterrupt can only arrive while waiting (nothing taken yet) and a batch is
+// never lost; the handed-out count that state_dict() reads moves in the same step.
+class Iterator {
+ public:
+  Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw)
+      : owner_(std::move(owner)), engine_(std::move(engine)), run_(std::move(run)), output_(output), device_(device),
+        raw_(raw) {
+    if (device_ >= 0 && !raw_) current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
+    if (!raw_) {
+      py::object torch_c = py::module_::import("torch._C");
+      // The builtin, not torch.from_dlpack: a Python function could run a signal handler.
+      from_dlpack_ = py::hasattr(torch_c, "_from_dlpack") ? torch_c.attr("_from_dlpack")
+                                                          : py::module_::import("torch").attr("from_dlpack");
+    }
+  }
+
+  py::object next() {
+    if (exit_parking::note_next()) park();
+    PyEngine& engine = engine_.cast<PyEngine&>();
+    engine.flush_warning();  // Python code may run (and be interrupted) only before the take
+    uintptr_t stream = 0;
+    if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
+    const bool counting = engine.counting();
+    const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
+    int64_t ready = 0;
+    py::object parts;
+    int64_t rows = 0;
+    std::shared_ptr<void> extras;
+    try {
+      parts = engine.take(*run_, output_, stream, raw_, &rows, counting ? &ready : nullptr, &extras);
+    } catch (const Cancelled&) {
+      if (exit_parking::note_next()) park();  // closed at exit while this thread waited
+      throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
+    } catch (const std::runtime_error& e) {
+      if (!run_->superseded) throw;
+      throw std::runtime_error(std::string(kSupersededMessage) + " (" + e.what() + ")");
+    }
+    if (parts.is_none()) throw py::stop_iteration();
+    py::list list = py::reinterpret_borrow<py::list>(parts);
+    const std::vector<py::str>& names = engine.names();
+    py::object batch;
+    if (const auto& python = engine.python_source()) {
+      // The sample's own structure: its parts, then the loader's (index, valid) added to a dict.
+      const size_t own = engine.layout().source_parts;
+      std::vector<py::object> tensors;
+      std::vector<std::pair<py::str, py::object>> loader_parts;
+      for (size_t i = 0; i < names.size(); ++i) {
+        py::object t = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
+        if (i < own) tensors.push_back(std::move(t));
+        else loader_parts.emplace_back(names[i], std::move(t));
+      }
+      batch = python->assemble(tensors, extras, loader_parts);
+    } else {
+      py::dict d;
+      for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
+      batch = std::move(d);
+    }
+    ++run_->handed[static_cast<size_t>(output_)];
+    if (counting) {
+      const int64_t bytes = static_cast<int64_t>(engine.layout().batch_bytes(rows));
+      const double share = run_->stats.record(rows, bytes, StageTimes::since(t0), ready);
+      if (share >= 0) engine.check_stall(*run_, share);
+    }
+    return std::move(batch);
+  }
+
+  [[noreturn]] static void park() {  // public: iter() parks a thread the same way
+    exit_parking::mark_parked();
+    PyEval_SaveThread();  // for good: this thread never takes the GIL again
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+
+  int64_t remaining() const {
+    return run_->pipeline->plan(output_).num_batches() - run_->handed[static_cast<size_t>(output_)];
+  }
+
+ private:
+  py::object owner_;  // the Loader: `for b in Loader(...)` keeps it alive while the loop runs
+  py::object engine_;
+  std::shared_ptr<Run> run_;
+  int output_;
+  int device_;
+  bool raw_;
+  py::object current_stream_, from_dlpack_;
+};
+
+// C++ exceptions to Python, in one place: a collation failure keeps its original type.
+void translate_collation_error(const CollationError& e) {
+  try {
+    std::rethrow_exception(e.original());
+  } catch (const SampleError& s) {
+    // fastload.SampleError with the batch context, chained to the dataset's own exception (and
+    // its traceback) as __cause__.
+    py::object type = py::module_::import("fastload._python_source").attr("SampleError");
+    py::object error = type(py::str(e.what()));
+    if (s.exception() && s.exception()->get()) {
+      PyObject* cause = s.exception()->get();
+      Py_INCREF(cause);
+      PyException_SetCause(error.ptr(), cause);
+    }
+    PyErr_SetObject(type.ptr(), error.ptr());
+  } catch (const std::bad_alloc&) {
+    PyErr_SetString(PyExc_MemoryError, e.what());
+  } catch (const std::invalid_argument&) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
+}  // namespace
+
+void register_loader(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    try {
+      std::rethrow_exception(p);
+    } catch (const CollationError& e) {
+      translate_collation_error(e);
+    }
+  });
+
+  py::class_<Run, std::shared_ptr<Run>>(m, "Epoch")
+      .def_readonly("epoch", &Run::epoch)
+      .def_readwrite("superseded", &Run::superseded)
+      .def("handed", [](const Run& r, int d) { return r.handed.at(static_cast<size_t>(d)); })
+      .def("num_batches", [](const Run& r, int d) { return r.pipeline->plan(d).num_batches(); })
+      .def("position_after",
+           [](const Run& r, int d, int64_t k) { return r.pipeline->plan(d).position_after(k); })
+      .def("cancel", [](const Run& r) { without_gil([&] { r.pipeline->cancel(); }); });
+
+  py::class_<Iterator>(m, "Iterator", "Hands out one output's batches of one epoch, in order, as "
+                       "dict[str, torch.Tensor]. On a GPU each batch is ready on the stream that was "
+                       "current (torch.cuda.current_stream) when next() was called.")
+      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool>())
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", &Iterator::next)
+      .def("__len__", &Iterator::remaining);
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<const SourceHandle&, int64_t, int, int64_t, bool, bool, int>(), py::arg("source"),
+           py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"), py::arg("with_index"),
+           py::arg("with_valid"), py::arg("streams") = 1)
+      .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"), py::arg("start_position"),
+           py::arg("fail_at_step"), py::arg("devices"))
+      .def("close", &PyEngine::close)
+      .def("memory", &PyEngine::memory)
+      .def("stats", &PyEngine::stats, py::arg("epoch"))
+      .def_property_readonly("layout", &PyEngine::layout_copy)
+      .def("set_timeout", &PyEngine::set_timeout, py::arg("seconds"))
+      .def("_set_misuse", &PyEngine::set_misuse)
+      .def("_set_counting", &PyEngine::set_counting);
+
+  // At interpreter exit (fastload._lifecycle): park threads iterating from now on, and say how
+  // many recently iterating threads have not parked yet.
+  m.def("_start_exit_parking", [] { exit_parking::state().parking = true; });
+  m.def("_unparked_iterators", [](const std::set<long>& live) { return exit_parking::unparked(live); });
+  // iter()/split() call this first: a daemon thread starting an epoch at exit parks too.
+  m.def("_park_if_exiting", [] {
+    if (exit_parking::note_next()) Iterator::park();
+  });
+
+  // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
+  // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).
+  m.def("cuda_device_count", [] { return without_gil([] { return cuda::device_count(); }); });
+}
+
+}  // namespace fastload

@@ -1,0 +1,552 @@
+// A Python dataset as a batch source; see py_source.h.
+#include "bindings/py_source.h"
+
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "bindings/register.h"
+#include "bindings/source.h"
+#include "core/array_source.h"
+
+namespace py = pybind11;
+
+namespace fastload {
+
+namespace {
+
+// Copies at least this large run with the GIL released: other threads' Python runs meanwhile.
+constexpr size_t kReleaseGilBytes = 256 * 1024;
+
+struct SampleContext {
+  bool active = false;
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int64_t id = -1;
+};
+thread_local SampleContext t_sample;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The Python exception being raised, taken out of the interpreter's error state with its traceback.
+std::shared_ptr<PyRef> fetch_exception() {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (value && tb) PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return std::make_shared<PyRef>(PyRef::steal(value));
+}
+
+std::string type_name(PyObject* o) { return o ? Py_TYPE(o)->tp_name : "NULL"; }
+
+std::string describe(PyObject* exc) {
+  if (!exc) return "an unknown error";
+  std::string text = type_name(exc);
+  PyObject* s = PyObject_Str(exc);
+  if (s) {
+    const char* c = PyUnicode_AsUTF8(s);
+    if (c && *c) text += std::string(": ") + c;
+    Py_DECREF(s);
+  }
+  PyErr_Clear();
+  return text;
+}
+
+[[noreturn]] void user_error(int64_t id, const char* call) {
+  auto exc = fetch_exception();
+  const std::string message = std::string(call) + "(" + std::to_string(id) + ") raised " + describe(exc->get());
+  throw SampleError(message, std::move(exc));
+}
+
+[[noreturn]] void field_error(int64_t id, const std::string& field, const std::string& what) {
+  PyErr_Clear();
+  throw SampleError("sample " + std::to_string(id) + ", field '" + field + "': " + what, nullptr);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+std::string dtype_text(DType d) {
+  switch (d.code) {
+    case kInt: return "int" + std::to_string(d.bits);
+    case kUInt: return "uint" + std::to_string(d.bits);
+    case kFloat: return "float" + std::to_string(d.bits);
+    case kBFloat: return "bfloat16";
+    case kComplex: return "complex" + std::to_string(d.bits);
+    case kBool: return "bool";
+  }
+  return "?";
+}
+
+// The element type a buffer's struct-module format names, or false (big-endian, records, ...).
+bool format_dtype(const char* fmt, Py_ssize_t itemsize, DType* out) {
+  if (!fmt) fmt = "B";
+  while (*fmt == '<' || *fmt == '=' || *fmt == '@') ++fmt;
+  const uint8_t bits = static_cast<uint8_t>(itemsize * 8);
+  switch (*fmt) {
+    case '?': *out = {kBool, 8}; return itemsize == 1;
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': *out = {kInt, bits}; return true;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': *out = {kUInt, bits}; return true;
+    case 'e': case 'f': case 'd': *out = {kFloat, bits}; return true;
+    case 'Z': *out = {kComplex, bits}; return true;
+    default: return false;
+  }
+}
+
+// A C-contiguous view of an array-like value (numpy array or scalar, CPU torch tensor).
+class Buffer {
+ public:
+  ~Buffer() {
+    if (ok_) PyBuffer_Release(&view_);
+  }
+  // False (with no Python error set) if the value is not array-like.
+  bool take(PyObject* value, PyObject* ascontiguous, PyObject* int16) {
+    PyObject* obj = value;
+    if (!PyObject_CheckBuffer(obj)) {
+      if (!PyObject_HasAttrString(obj, "numpy") || !PyObject_HasAttrString(obj, "detach")) return false;
+      PyRef detached = PyRef::steal(PyObject_CallMethod(obj, "detach", nullptr));
+      if (!detached) return fail();
+      // torch.bfloat16 has no numpy type: its bits travel as int16 (the part is typed bfloat16).
+      PyRef dtype = PyRef::steal(PyObject_GetAttrString(detached.get(), "dtype"));
+      if (dtype && type_name(dtype.get()) == std::string("torch.dtype")) {
+        PyRef name = PyRef::steal(PyObject_Str(dtype.get()));
+        const char* n = name ? PyUnicode_AsUTF8(name.get()) : nullptr;
+        if (n && std::string(n) == "torch.bfloat16") {
+          detached = PyRef::steal(PyObject_CallMethod(detached.get(), "view", "O", int16));
+          if (!detached) return fail();
+          bfloat16_ = true;
+        }
+      }
+      PyErr_Clear();
+      holder_ = PyRef::steal(PyObject_CallMethod(detached.get(), "numpy", nullptr));
+      if (!holder_) return fail();
+      obj = holder_.get();
+    }
+    if (PyObject_GetBuffer(obj, &view_, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) return ok_ = true;
+    PyErr_Clear();
+    PyRef copy = PyRef::steal(PyObject_CallFunctionObjArgs(ascontiguous, obj, nullptr));  // not contiguous
+    if (!copy) return fail();
+    holder_ = std::move(copy);
+    if (PyObject_GetBuffer(holder_.get(), &view_, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return fail();
+    return ok_ = true;
+  }
+  bool dtype(DType* out) const {
+    if (bfloat16_) {
+      *out = {kBFloat, 16};
+      return true;
+    }
+    return format_dtype(view_.format, view_.itemsize, out);
+  }
+  std::vector<int64_t> shape() const { return std::vector<int64_t>(view_.shape, view_.shape + view_.ndim); }
+  const std::byte* data() const { return static_cast<const std::byte*>(view_.buf); }
+  size_t bytes() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  bool fail() {
+    PyErr_Clear();
+    return false;
+  }
+  Py_buffer view_{};
+  bool ok_ = false;
+  bool bfloat16_ = false;
+  PyRef holder_;
+};
+
+void copy_bytes(std::byte* dst, const std::byte* src, size_t bytes) {
+  if (bytes >= kReleaseGilBytes) {
+    Py_BEGIN_ALLOW_THREADS std::memcpy(dst, src, bytes);
+    Py_END_ALLOW_THREADS
+  } else if (bytes) {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+// Sets the calling thread's sample context for fastload.sample_rng() for one call.
+class SampleScope {
+ public:
+  SampleScope(uint64_t seed, int64_t epoch, int64_t id) { t_sample = {true, seed, epoch, id}; }
+  ~SampleScope() { t_sample = {}; }
+};
+
+}  // namespace
+
+bool current_sample(uint64_t* seed, int64_t* epoch, int64_t* id) {
+  if (!t_sample.active) return false;
+  *seed = t_sample.seed;
+  *epoch = t_sample.epoch;
+  *id = t_sample.id;
+  return true;
+}
+
+PythonSource::PythonSource(py::object dataset, py::object getitems, py::object collate, py::object worker_init,
+                           std::vector<Leaf> leaves, TreeNode tree, int64_t size, int num_objects)
+    : dataset_(PyRef::borrow(dataset.ptr())), leaves_(std::move(leaves)), tree_(std::move(tree)), size_(size),
+      num_objects_(num_objects) {
+  if (!getitems.is_none()) getitems_ = PyRef::borrow(getitems.ptr());
+  if (!collate.is_none()) collate_ = PyRef::borrow(collate.ptr());
+  if (!worker_init.is_none()) worker_init_ = PyRef::borrow(worker_init.ptr());
+  ascontiguous_ = PyRef::borrow(py::module_::import("numpy").attr("ascontiguousarray").ptr());
+  int16_ = PyRef::borrow(py::module_::import("torch").attr("int16").ptr());
+  for (Leaf& leaf : leaves_) {
+    switch (leaf.kind) {
+      case LeafKind::Object:
+        break;
+      case LeafKind::Ragged: {
+        leaf.part = static_cast<int>(schema_.size());
+        std::vector<int64_t> shape{leaf.max_length};
+        shape.insert(shape.end(), leaf.shape.begin(), leaf.shape.end());
+        schema_.push_back({leaf.name, leaf.dtype, shape, leaf.row_bytes});
+        schema_.push_back({ragged_lengths_name(leaf.name), kInt64, {}, sizeof(int64_t)});
+        break;
+      }
+      default:
+        leaf.part = static_cast<int>(schema_.size());
+        schema_.push_back({leaf.name, leaf.dtype, leaf.shape, leaf.row_bytes});
+    }
+  }
+}
+
+PythonSource::Call& PythonSource::call_slot(int thread) const {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  while (calls_.size() <= static_cast<size_t>(thread)) calls_.push_back(std::make_unique<Call>());
+  return *calls_[static_cast<size_t>(thread)];
+}
+
+std::string PythonSource::overdue(std::chrono::milliseconds limit) const {
+  const int64_t now = now_ns();
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  for (size_t t = 0; t < calls_.size(); ++t) {
+    const int64_t id = calls_[t]->id.load(std::memory_order_acquire);
+    const int64_t since = calls_[t]->since_ns.load(std::memory_order_acquire);
+    if (id >= 0 && now - since > std::chrono::nanoseconds(limit).count())
+      return "dataset[" + std::to_string(id) + "] has not returned after " +
+             std::to_string((now - since) / 1000000) + " ms (worker thread " + std::to_string(t) + ")";
+  }
+  return "";
+}
+
+void PythonSource::write_leaf(const Leaf& leaf, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
+                              PyObject* objects) const {
+  std::byte* dst = leaf.part >= 0 ? parts[leaf.part] + static_cast<size_t>(row) * leaf.row_bytes : nullptr;
+  switch (leaf.kind) {
+    case LeafKind::Object:
+      if (PyList_Append(PyList_GET_ITEM(objects, leaf.object), value) != 0) user_error(id, "collating dataset");
+      return;
+    case LeafKind::Int: {
+      if (!PyLong_Check(value) && !PyIndex_Check(value))
+        field_error(id, leaf.name, std::string("is ") + type_name(value) + ", the first sample's was an int");
+      const long long v = PyLong_AsLongLong(value);
+      if (v == -1 && PyErr_Occurred()) field_error(id, leaf.name, "does not fit in int64");
+      const int64_t x = v;
+      std::memcpy(dst, &x, sizeof x);
+      return;
+    }
+    case LeafKind::Float: {
+      const double v = PyFloat_AsDouble(value);
+      if (v == -1.0 && PyErr_Occurred())
+        field_error(id, leaf.name, std::string("is ") + type_name(value) + ", the first sample's was a float");
+      const float x = static_cast<float>(v);
+      std::memcpy(dst, &x, sizeof x);
+      return;
+    }
+    case LeafKind::Bool: {
+      if (!PyBool_Check(value) && type_name(value) != std::string("numpy.bool") &&
+          type_name(value) != std::string("numpy.bool_"))
+        field_error(id, leaf.name, std::string("is ") + type_name(value) + ", the first sample's was a bool");
+      const bool x = PyObject_IsTrue(value) == 1;
+      std::memcpy(dst, &x, sizeof x);
+      return;
+    }
+    case LeafKind::Array:
+    case LeafKind::Ragged: {
+      Buffer b;
+      if (!b.take(value, ascontiguous_.get(), int16_.get()))
+        field_error(id, leaf.name, std::string("is ") + type_name(value) + ", the first sample's was an array of " +
+                                       dtype_text(leaf.dtype));
+      DType dt;
+      if (!b.dtype(&dt) || dt != leaf.dtype)
+        field_error(id, leaf.name, "has dtype " + (b.dtype(&dt) ? dtype_text(dt) : std::string("?")) +
+                                       ", the first sample's " + dtype_text(leaf.dtype));
+      const std::vector<int64_t> shape = b.shape();
+      if (leaf.kind == LeafKind::Array) {
+        if (shape != leaf.shape)
+          field_error(id, leaf.name, "has shape " + shape_text(shape) + ", the first sample's " + shape_text(leaf.shape) +
+                                         " (for a varying first axis, pass pad= and max_length= for this field)");
+        copy_bytes(dst, b.data(), leaf.row_bytes);
+        return;
+      }
+      if (shape.empty() || std::vector<int64_t>(shape.begin() + 1, shape.end()) != leaf.shape)
+        field_error(id, leaf.name, "has shape " + shape_text(shape) + "; a padded field's items must have shape " +
+                                       shape_text(leaf.shape));
+      const int64_t items = std::min(shape[0], leaf.max_length);
+      const size_t bytes = static_cast<size_t>(items) * leaf.item_bytes;
+      copy_bytes(dst, b.data(), bytes);
+      const size_t n = leaf.pad.size();
+      if (n) {
+        const bool uniform = std::all_of(leaf.pad.begin(), leaf.pad.end(), [&](std::byte x) { return x == leaf.pad[0]; });
+        if (uniform)
+          std::memset(dst + bytes, static_cast<int>(leaf.pad[0]), leaf.row_bytes - bytes);
+        else
+          for (size_t k = bytes; k < leaf.row_bytes; k += n) std::memcpy(dst + k, leaf.pad.data(), n);
+      }
+      std::memcpy(parts[leaf.part + 1] + static_cast<size_t>(row) * sizeof(int64_t), &items, sizeof items);
+      return;
+    }
+  }
+}
+
+void PythonSource::write(const TreeNode& node, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
+                         PyObject* objects, const std::string& path) const {
+  switch (node.kind) {
+    case TreeNode::LeafNode:
+      return write_leaf(leaves_[static_cast<size_t>(node.leaf)], value, row, id, parts, objects);
+    case TreeNode::Dict: {
+      if (!PyMapping_Check(value) || PySequence_Check(value))
+        field_error(id, path.empty() ? "<sample>" : path, std::string("is ") + type_name(value) +
+                                                             ", the first sample's was a dict");
+      for (size_t k = 0; k < node.keys.size(); ++k) {
+        PyObject* key = node.keys[k].get();
+        PyRef child = PyRef::steal(PyObject_GetItem(value, key));
+        const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : "?";
+        const std::string sub = path.empty() ? std::string(name) : path + "." + name;
+        if (!child) {
+          if (PyErr_ExceptionMatches(PyExc_KeyError)) field_error(id, sub, "is missing (the first sample has it)");
+          user_error(id, "dataset");
+        }
+        write(node.children[k], child.get(), row, id, parts, objects, sub);
+      }
+      return;
+    }
+    default: {
+      PyRef seq = PyRef::steal(PySequence_Fast(value, "not a sequence"));
+      if (!seq || (node.kind != TreeNode::Dict && PyUnicode_Check(value)))
+        field_error(id, path.empty() ? "<sample>" : path, std::string("is ") + type_name(value) +
+                                                             ", the first sample's was a sequence");
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
+      if (static_cast<size_t>(n) != node.children.size())
+        field_error(id, path.empty() ? "<sample>" : path, "has " + std::to_string(n) + " elements, the first sample's " +
+                                                             std::to_string(node.children.size()));
+      for (Py_ssize_t k = 0; k < n; ++k) {
+        const std::string sub = path.empty() ? std::to_string(k) : path + "." + std::to_string(k);
+        write(node.children[static_cast<size_t>(k)], PySequence_Fast_GET_ITEM(seq.get(), k), row, id, parts, objects, sub);
+      }
+    }
+  }
+}
+
+void PythonSource::fill(const FillRequest& r) {
+  GilScope gil;
+  Call& call = call_slot(r.thread);
+  if (worker_init_ && !call.initialized) {
+    call.initialized = true;  // once per thread, whatever it does: a failure fails this batch
+    PyRef index = PyRef::steal(PyLong_FromLong(r.thread));
+    PyRef done = PyRef::steal(PyObject_CallFunctionObjArgs(worker_init_.get(), index.get(), nullptr));
+    if (!done) {
+      auto exc = fetch_exception();
+      throw SampleError("worker_init_fn(" + std::to_string(r.thread) + ") raised " + describe(exc->get()), exc);
+    }
+  }
+  PyRef objects;
+  if (num_objects_ > 0 && !collate_) {
+    objects = PyRef::steal(PyList_New(num_objects_));
+    if (!objects) user_error(-1, "collating dataset");
+    for (int k = 0; k < num_objects_; ++k) PyList_SET_ITEM(objects.get(), k, PyList_New(0));
+  }
+  PyRef samples;  // __getitems__'s result, or the samples for collate_fn
+  if (getitems_) {
+    PyRef ids = PyRef::steal(PyList_New(r.count));
+    for (int64_t i = 0; i < r.count; ++i) PyList_SET_ITEM(ids.get(), i, PyLong_FromLongLong(r.ids[i]));
+    const int64_t t0 = now_ns();
+    call.since_ns.store(t0, std::memory_order_release);
+    call.id.store(r.count ? r.ids[0] : 0, std::memory_order_release);
+    {
+      SampleScope scope(r.seed, r.epoch, -1);  // several samples: sample_rng(i) names its own
+      samples = PyRef::steal(PyObject_CallFunctionObjArgs(getitems_.get(), ids.get(), nullptr));
+    }
+    call.id.store(-1, std::memory_order_release);
+    user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    if (!samples) user_error(r.count ? r.ids[0] : 0, "dataset.__getitems__");
+    samples = PyRef::steal(PySequence_Fast(samples.get(), "__getitems__ must return a sequence"));
+    if (!samples) user_error(r.count ? r.ids[0] : 0, "dataset.__getitems__");
+    if (PySequence_Fast_GET_SIZE(samples.get()) != r.count) {
+      PyErr_Clear();
+      throw SampleError("dataset.__getitems__ returned " + std::to_string(PySequence_Fast_GET_SIZE(samples.get())) +
+                            " samples for " + std::to_string(r.count) + " indices",
+                        nullptr);
+    }
+  } else if (collate_) {
+    samples = PyRef::steal(PyList_New(r.count));
+  }
+  for (int64_t i = 0; i < r.count; ++i) {
+    const int64_t id = r.ids[i];
+    PyRef owned;
+    PyObject* sample;
+    if (getitems_) {
+      sample = PySequence_Fast_GET_ITEM(samples.get(), i);
+    } else {
+      PyRef key = PyRef::steal(PyLong_FromLongLong(id));
+      const int64_t t0 = now_ns();
+      call.since_ns.store(t0, std::memory_order_release);
+      call.id.store(id, std::memory_order_release);
+      {
+        SampleScope scope(r.seed, r.epoch, id);
+        owned = PyRef::steal(PyObject_GetItem(dataset_.get(), key.get()));
+      }
+      call.id.store(-1, std::memory_order_release);
+      user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+      if (!owned) user_error(id, "dataset.__getitem__");
+      sample = owned.get();
+    }
+    if (collate_) {
+      Py_INCREF(sample);
+      if (!getitems_) PyList_SET_ITEM(samples.get(), i, sample);
+      else Py_DECREF(sample);
+      continue;
+    }
+    write(tree_, sample, i, id, r.parts, objects.get(), "");
+  }
+  if (collate_) {
+    const int64_t t0 = now_ns();
+    PyRef batch = PyRef::steal(PyObject_CallFunctionObjArgs(collate_.get(), samples.get(), nullptr));
+    user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    if (!batch) user_error(r.count ? r.ids[0] : 0, "collate_fn(batch starting at dataset");
+    *r.extras = std::make_shared<PyRef>(std::move(batch));
+  } else if (objects) {
+    *r.extras = std::make_shared<PyRef>(std::move(objects));
+  }
+}
+
+py::object PythonSource::build(const TreeNode& node, const std::vector<py::object>& parts, PyObject* objects) const {
+  switch (node.kind) {
+    case TreeNode::LeafNode: {
+      const Leaf& leaf = leaves_[static_cast<size_t>(node.leaf)];
+      if (leaf.kind == LeafKind::Object) return py::reinterpret_borrow<py::object>(PyList_GET_ITEM(objects, leaf.object));
+      return parts[static_cast<size_t>(leaf.part)];
+    }
+    case TreeNode::Dict: {
+      py::dict d;
+      for (size_t k = 0; k < node.keys.size(); ++k) {
+        py::handle key(node.keys[k].get());
+        d[key] = build(node.children[k], parts, objects);
+        const TreeNode& child = node.children[k];
+        if (child.kind == TreeNode::LeafNode && leaves_[static_cast<size_t>(child.leaf)].kind == LeafKind::Ragged) {
+          const Leaf& leaf = leaves_[static_cast<size_t>(child.leaf)];
+          d[py::str(ragged_lengths_name(py::str(key).cast<std::string>()))] = parts[static_cast<size_t>(leaf.part + 1)];
+        }
+      }
+      return std::move(d);
+    }
+    default: {
+      py::tuple t(node.children.size());
+      for (size_t k = 0; k < node.children.size(); ++k) t[k] = build(node.children[k], parts, objects);
+      if (node.kind == TreeNode::Tuple) return std::move(t);
+      if (node.kind == TreeNode::List) return py::list(t);
+      // A namedtuple through tuple.__new__ (C code), not the class's Python __new__.
+      return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&PyTuple_Type))
+          .attr("__new__")(py::handle(node.type.get()), t);
+    }
+  }
+}
+
+py::object PythonSource::assemble(const std::vector<py::object>& parts, const std::shared_ptr<void>& extras,
+                                  const std::vector<std::pair<py::str, py::object>>& loader_parts) const {
+  PyObject* held = extras ? static_cast<PyRef*>(extras.get())->get() : nullptr;
+  if (collate_) return py::reinterpret_borrow<py::object>(held ? held : Py_None);
+  py::object out = build(tree_, parts, held);
+  if (!loader_parts.empty()) {
+    py::dict d = out.cast<py::dict>();
+    for (const auto& [name, value] : loader_parts) d[name] = value;
+  }
+  return out;
+}
+
+namespace {
+
+TreeNode tree_from(const py::handle& desc) {
+  // ("leaf", index) | ("dict", [keys], [children]) | ("tuple"|"list", [children])
+  // | ("namedtuple", cls, [children])
+  const py::tuple t = py::reinterpret_borrow<py::tuple>(desc);
+  const std::string kind = t[0].cast<std::string>();
+  TreeNode n;
+  if (kind == "leaf") {
+    n.kind = TreeNode::LeafNode;
+    n.leaf = t[1].cast<int>();
+    return n;
+  }
+  py::list children;
+  if (kind == "dict") {
+    n.kind = TreeNode::Dict;
+    for (const py::handle& k : t[1]) n.keys.push_back(PyRef::borrow(k.ptr()));
+    children = t[2];
+  } else if (kind == "namedtuple") {
+    n.kind = TreeNode::NamedTuple;
+    n.type = PyRef::borrow(t[1].ptr());
+    children = t[2];
+  } else {
+    n.kind = kind == "tuple" ? TreeNode::Tuple : TreeNode::List;
+    children = t[1];
+  }
+  for (const py::handle& c : children) n.children.push_back(tree_from(c));
+  return n;
+}
+
+LeafKind kind_from(const std::string& s) {
+  if (s == "array") return LeafKind::Array;
+  if (s == "int") return LeafKind::Int;
+  if (s == "float") return LeafKind::Float;
+  if (s == "bool") return LeafKind::Bool;
+  if (s == "ragged") return LeafKind::Ragged;
+  if (s == "object") return LeafKind::Object;
+  throw std::invalid_argument("unknown leaf kind " + s);
+}
+
+}  // namespace
+
+void register_python_source(py::module_& m) {
+  // leaves: [(name, kind, dl_code, bits, shape, row_bytes, item_bytes, max_length, pad bytes)];
+  // tree: see tree_from; see fastload._python_source for how both are inferred.
+  m.def("PythonSource", [](py::object dataset, py::object getitems, py::object collate, py::object worker_init,
+                           const py::list& leaf_list, const py::tuple& tree, int64_t size) {
+    std::vector<Leaf> leaves;
+    int objects = 0;
+    for (const py::handle& h : leaf_list) {
+      const py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+      Leaf leaf;
+      leaf.name = t[0].cast<std::string>();
+      leaf.kind = kind_from(t[1].cast<std::string>());
+      leaf.dtype = {t[2].cast<uint8_t>(), t[3].cast<uint8_t>()};
+      leaf.shape = t[4].cast<std::vector<int64_t>>();
+      leaf.row_bytes = t[5].cast<size_t>();
+      leaf.item_bytes = t[6].cast<size_t>();
+      leaf.max_length = t[7].cast<int64_t>();
+      const std::string pad = t[8].cast<std::string>();
+      leaf.pad.resize(pad.size());
+      std::memcpy(leaf.pad.data(), pad.data(), pad.size());
+      if (leaf.kind == LeafKind::Object) leaf.object = objects++;
+      leaves.push_back(std::move(leaf));
+    }
+    auto source = std::make_shared<PythonSource>(dataset, getitems, collate, worker_init, std::move(leaves),
+                                                 tree_from(tree), size, objects);
+    return SourceHandle{source, dataset};
+  }, py::arg("dataset"), py::arg("getitems"), py::arg("collate"), py::arg("worker_init"), py::arg("leaves"),
+     py::arg("tree"), py::arg("size"));
+
+  // fastload.sample_rng(): (seed, epoch, sample id) of the sample this thread is fetching, or None.
+  m.def("_sample_context", []() -> py::object {
+    uint64_t seed;
+    int64_t epoch, id;
+    if (!current_sample(&seed, &epoch, &id)) return py::none();
+    return py::make_tuple(seed, epoch, id);
+  });
+}
+
+}  // namespace fastload

@@ -1,0 +1,12 @@
+// The pieces of fastload._C, one file each; module.cpp calls every register_* once.
+#pragma once
+#include <pybind11/pybind11.h>
+
+namespace fastload {
+void register_sampler(pybind11::module_& m);  // sampler.cpp: Sampler, plans, the enum spellings
+void register_sources(pybind11::module_& m);  // source.cpp: BatchSource, ArraySource, BatchLayout
+void register_python_source(pybind11::module_& m);  // py_source.cpp: PythonSource, sample context
+void register_loader(pybind11::module_& m);   // loader.cpp: Engine, Epoch, Iterator, exit parking
+void register_checksum(pybind11::module_& m); // checksum.cpp: Checksum64
+void register_testing(pybind11::module_& m);  // testing.cpp: test instruments (private names)
+}  // namespace fastload

@@ -1,0 +1,48 @@
+// Test instruments of fastload._C (private names); see testing.h.
+#include "bindings/testing.h"
+
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "bindings/register.h"
+#include "core/cpu_cache.h"
+#include "core/gather.h"
+#include "runtime/run_stats.h"
+
+namespace py = pybind11;
+
+namespace fastload {
+
+cuda::Misuse parse_misuse(const std::string& s) {
+  if (s.empty() || s == "none") return cuda::Misuse::None;
+  if (s == "skip_consumer_wait") return cuda::Misuse::SkipConsumerWait;
+  if (s == "skip_release_wait") return cuda::Misuse::SkipReleaseWait;
+  if (s == "early_host_release") return cuda::Misuse::EarlyHostRelease;
+  throw std::invalid_argument("unknown misuse " + s);
+}
+
+void register_testing(py::module_& m) {
+  py::class_<RawDevicePart>(m, "RawDevicePart")
+      .def_property_readonly("ptr", [](const RawDevicePart& p) { return static_cast<uintptr_t>(p.part->buffer->ptr()); })
+      .def_property_readonly("device", [](const RawDevicePart& p) { return p.part->buffer->device(); })
+      .def_property_readonly("nbytes", [](const RawDevicePart& p) { return p.bytes; })
+      .def_property_readonly("shape", [](const RawDevicePart& p) { return p.shape; })
+      .def_property_readonly("dtype_code", [](const RawDevicePart& p) { return p.dtype.code; })
+      .def_property_readonly("dtype_bits", [](const RawDevicePart& p) { return p.dtype.bits; })
+      .def("read", &RawDevicePart::read)
+      .def("touch", &RawDevicePart::touch);
+
+  // Where batch copies switch to streaming stores (see core/gather.h). Tests lower it to run that
+  // copy on small arrays; the benchmark reports it.
+  m.def("_streaming_min_part_bytes", &streaming_min_part_bytes);
+  m.def("_set_streaming_min_part_bytes", &set_streaming_min_part_bytes, py::arg("bytes"));
+  m.def("_last_level_cache_bytes", &last_level_cache_bytes);
+
+  // The stall hint's choice of knob from stage busy shares (see run_stats.h): tests check every
+  // branch without having to make a real loop stall for each reason.
+  m.def("_stall_advice", &stall_advice, py::arg("collating"), py::arg("copying"), py::arg("num_threads"),
+        py::arg("streams"), py::arg("prefetch"));
+}
+
+}  // namespace fastload

@@ -1,0 +1,51 @@
+// The seam between the pipeline and where samples come from. A source says which parts it fills
+// (its schema) and fills the rows of a batch for a list of sample ids; the sampler, the pipeline,
+// the buffers and the transfer engine know nothing else about it. Arrays in memory or on disk
+// are ArraySource (array_source.h); a Python dataset is a source that lives in the bindings
+// (it needs the interpreter), as torchcodec keeps its Python file reader out of its core.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace fastload {
+
+// One part of a batch that a source fills: `row_bytes` bytes per sample, typed as `dtype` with
+// `row_shape` per sample (row_bytes == product(row_shape) * bits / 8).
+struct PartSchema {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> row_shape;
+  size_t row_bytes = 0;
+};
+
+// One batch to fill: rows [0, count) of every part of the source's schema, for the sample ids
+// given in order. Several collation threads fill different batches at the same time.
+struct FillRequest {
+  const int64_t* ids = nullptr;
+  int64_t count = 0;
+  std::byte* const* parts = nullptr;  // the source's parts, in schema order
+  uint64_t seed = 0;                  // the loader's seed (per-sample randomness derives from it)
+  int64_t epoch = 0;
+  int64_t step = 0;                   // the batch's step in its output
+  int thread = 0;                     // the collation thread filling it, in [0, num_threads)
+  // What the batch carries besides its parts (a Python source's non-array fields); the core
+  // only moves it along with the batch.
+  std::shared_ptr<void>* extras = nullptr;
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual const std::vector<PartSchema>& schema() const = 0;
+  virtual int64_t size() const = 0;  // samples; ids are in [0, size())
+  // Throws to fail the batch: the pipeline reports it with the batch and epoch, keeping the
+  // original exception.
+  virtual void fill(const FillRequest& request) = 0;
+};
+
+}  // namespace fastload

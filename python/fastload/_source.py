@@ -1,0 +1,110 @@
+"""The one seam between the Loader and what it reads: the `Source` protocol. Arrays (`Dataset`,
+`Windows`), dataset directories (`Dataset.open`) and Python datasets implement it as peers; the
+Loader takes any of them and asks nothing else.
+
+A source is a length, the names of the batch parts it fills, its shard boundaries, and
+`native_source()`: the native object (fastload._C.BatchSource) the collation threads fill batches
+from, made from the source as it is now. The native side owns the batch layout (fastload._C.
+BatchLayout): part sizes, types and names are asked of it, never recomputed here.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from . import _C
+from ._arguments import _as_int
+
+__all__ = ["Source", "declare_shards", "redeclare"]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What a Loader reads.
+
+    - ``len(source)``: samples; sample ids are ``range(len(source))``.
+    - ``names``: the batch parts it fills, in order (the Loader adds "index" and "valid").
+    - ``shard_rows``: samples per shard in id order, or None without shard structure (used by
+      ``order="block"`` and ``partition="shards"``).
+    - ``native_source()``: the native source the collation threads fill batches from.
+    - optional ``fingerprint()`` / ``check_fingerprint(fp)``: a cheap record, taken when a Loader
+      is built, of where the source's bytes are, and a check at every ``iter()`` that raises a
+      ValueError naming what changed (arrays resized or moved, files truncated or replaced).
+    """
+
+    def __len__(self) -> int: ...
+
+    @property
+    def names(self) -> list[str]: ...
+
+    @property
+    def shard_rows(self) -> list[int] | None: ...
+
+    def native_source(self) -> Any: ...
+
+
+def fingerprint(source: Any) -> Any:
+    take = getattr(source, "fingerprint", None)
+    return take() if take is not None else None
+
+
+def check_fingerprint(source: Any, fp: Any) -> None:
+    check = getattr(source, "check_fingerprint", None)
+    if check is not None:
+        check(fp)
+
+
+def declare_shards(source: Any, rows: Any) -> Any:
+    """Declares shard boundaries on a source of one in-memory array per column (tests, benchmarks):
+    `rows` samples per shard, in order, adding up to len(source). Returns the source. A source
+    made of several arrays (or files) has its real shards, which cannot be redeclared."""
+    rows = [_as_int("shard_rows", r) for r in rows]
+    if any(r < 0 for r in rows) or sum(rows) != len(source):
+        raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
+    if getattr(source, "_real_shards", False):
+        raise ValueError("the source already has shard boundaries (its columns are lists of arrays or files); "
+                         "_declare_shards is for sources of one array per column")
+    source._shard_rows = rows
+    return source
+
+
+def redeclare(source: Any, shard_rows: list[int] | None) -> Any:
+    """After a copy or unpickle: shard boundaries that were declared come back with the source."""
+    if shard_rows is not None and source.shard_rows is None:
+        declare_shards(source, shard_rows)
+    return source
+
+
+def batch_layout(native: Any, max_rows: int, with_index: bool, with_valid: bool) -> Any:
+    """The layout of this source's batches (part names, types and sizes), from the native side."""
+    return _C.BatchLayout(native, max_rows, with_index, with_valid)
+
+
+def batch_bytes_of(source: Any, batch_size: int, with_index: bool = False, with_valid: bool = False) -> int:
+    """Bytes of one full batch of a source over every part (as the native layout counts them)."""
+    rows = min(batch_size, len(source))
+    return batch_layout(source.native_source(), rows, with_index, with_valid).batch_bytes(rows)
+
+
+def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: Any = None,
+              worker_init_fn: Any = None, seed: int = 0) -> Source:
+    """What the Loader reads from `obj`: a source as it is; a map-style dataset (__len__ and
+    __getitem__) as a PythonSource with these options; anything else is refused with what to pass
+    instead."""
+    options = {"pad": pad, "max_length": max_length, "collate_fn": collate_fn, "worker_init_fn": worker_init_fn}
+    if isinstance(obj, Source):
+        given = [k for k, v in options.items() if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to {type(obj).__name__}: "
+                             "an array source is gathered natively (Ragged columns pad natively)")
+        return obj
+    kind = type(obj).__name__
+    if hasattr(obj, "__array_interface__") or type(obj).__module__.startswith("torch") and hasattr(obj, "dim"):
+        raise TypeError(f"source must be a dataset, got {kind}: an array is not a dataset: wrap it, "
+                        "fl.Dataset({'x': x}) (rows are samples, gathered natively)")
+    if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (str, bytes, Mapping)):
+        from ._python_source import PythonSource  # noqa: PLC0415 - only Python datasets need it
+
+        return PythonSource(obj, seed=seed, **options)
+    raise TypeError(f"source must be a fastload source (fl.Dataset, fl.Windows, fl.Dataset.open(...)) or a map-style "
+                    f"dataset (an object with __len__ and __getitem__), got {kind}")

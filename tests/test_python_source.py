@@ -1,0 +1,482 @@
+"""Map-style Python datasets (fastload._python_source, csrc/bindings/py_source.cpp): every batch
+is compared with what the dataset itself returns for the loader's plan (the reference is the
+dataset read one sample at a time in plain Python), on the structures, dtypes and errors users
+meet, on any worker count, across ranks and resumes."""
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastload as fl
+
+
+class Rows(torch.utils.data.Dataset):
+    """A dict sample of every leaf kind, each a function of the index."""
+
+    def __init__(self, n=203, jitter=0.0):
+        self.n, self.jitter = n, jitter
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.jitter:
+            time.sleep(self.jitter * ((i * 7919) % 5) / 4)  # uneven per sample: workers finish out of order
+        return {"x": np.arange(6, dtype=np.float32).reshape(2, 3) + i, "y": i, "w": i / 2, "flag": i % 3 == 0,
+                "name": f"s{i}", "t": torch.tensor([i, -i], dtype=torch.int16), "u": np.uint16(i)}
+
+
+def expected(ds, ids):
+    samples = [ds[int(i)] for i in ids]
+    return {"x": np.stack([s["x"] for s in samples]), "y": np.array([s["y"] for s in samples], np.int64),
+            "w": np.array([s["w"] for s in samples], np.float32), "flag": np.array([s["flag"] for s in samples]),
+            "name": [s["name"] for s in samples], "t": np.stack([s["t"].numpy() for s in samples]),
+            "u": np.array([s["u"] for s in samples], np.uint16)}
+
+
+def check_batch(batch, ref):
+    for k, v in ref.items():
+        if isinstance(v, list):
+            assert batch[k] == v, k
+        else:
+            got = batch[k].numpy()
+            assert got.dtype == v.dtype, (k, got.dtype, v.dtype)
+            assert np.array_equal(got, v), k
+
+
+def all_batches(loader):
+    return [b for b in loader]
+
+
+def test_dict_samples_arrive_collated_with_dtypes_as_default_collate_gives():
+    ds = Rows()
+    loader = fl.Loader(ds, batch_size=16, shuffle=True, seed=3, device="cpu", with_index=True, num_workers=2)
+    plan = loader.plan(0)
+    batches = all_batches(loader)
+    assert len(batches) == len(loader) == 13
+    ids = torch.cat([b["index"] for b in batches]).numpy()
+    assert np.array_equal(ids, plan)
+    pos = 0
+    for b in batches:
+        n = len(b["index"])
+        check_batch(b, expected(ds, plan[pos:pos + n]))
+        pos += n
+    b = batches[0]
+    assert b["y"].dtype == torch.int64 and b["w"].dtype == torch.float32 and b["flag"].dtype == torch.bool
+    assert b["u"].dtype == torch.uint16 and b["t"].dtype == torch.int16 and b["x"].shape == (16, 2, 3)
+
+
+def test_a_torch_dataset_in_the_quick_start_form_trains():
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i)]), torch.tensor(float(i * i))
+
+    loader = fl.Loader(Squares(), batch_size=8, shuffle=True, device="cpu")
+    seen = []
+    for x, y in loader:
+        assert x.shape == (8, 1) and y.shape == (8,)
+        assert torch.equal(x[:, 0] ** 2, y)
+        seen += x[:, 0].tolist()
+    assert sorted(seen) == [float(i) for i in range(64)]
+
+
+def test_tuples_lists_namedtuples_nested_and_bare_arrays_keep_their_structure():
+    Pair = collections.namedtuple("Pair", "a b")
+
+    class Nested:
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return (Pair(np.float64(i), [i, "x" * i]), {"inner": {"v": np.full(2, i, np.int8), "s": np.str_(i)}})
+
+    b = next(iter(fl.Loader(Nested(), batch_size=4, device="cpu")))
+    assert isinstance(b, tuple) and isinstance(b[0], Pair)
+    assert b[0].a.dtype == torch.float64 and b[0].a.tolist() == [0, 1, 2, 3]
+    assert isinstance(b[0].b, list) and b[0].b[0].tolist() == [0, 1, 2, 3] and b[0].b[1] == ["", "x", "xx", "xxx"]
+    assert b[1]["inner"]["v"].tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert b[1]["inner"]["s"] == ["0", "1", "2", "3"]  # numpy strings are objects, as Python's
+
+    class Bare:
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return np.full((2,), i, np.int32)
+
+    assert next(iter(fl.Loader(Bare(), batch_size=5, device="cpu"))).tolist() == [[i, i] for i in range(5)]
+
+
+def test_getitems_is_called_once_per_batch_when_defined():
+    class Batched:
+        calls = []
+
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            raise AssertionError("__getitems__ should be used")
+
+        def __getitems__(self, ids):
+            self.calls.append(list(ids))
+            return [{"v": np.int64(i)} for i in ids]
+
+    ds = Batched()
+    # The structure is read from one sample through __getitems__ too.
+    loader = fl.Loader(ds, batch_size=8, shuffle=True, seed=1, device="cpu")
+    got = [b["v"].tolist() for b in loader]
+    plan = loader.plan(0).tolist()
+    assert sum(got, []) == plan
+    assert ds.calls[0] == [0] and sorted(map(tuple, ds.calls[1:])) == sorted(tuple(g) for g in got)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_order_and_values_do_not_depend_on_the_number_of_workers(workers):
+    ds = Rows(n=97, jitter=0.002)
+    loader = fl.Loader(ds, batch_size=8, shuffle=True, seed=11, device="cpu", num_workers=workers, prefetch=4)
+    got = [(b["y"].tolist(), b["name"]) for b in loader]
+    ref_loader = fl.Loader(Rows(n=97), batch_size=8, shuffle=True, seed=11, device="cpu", num_workers=1)
+    assert got == [(b["y"].tolist(), b["name"]) for b in ref_loader]
+
+
+def test_resume_mid_epoch_continues_with_exactly_the_next_batch():
+    ds = Rows(n=150)
+    full = [b["y"].tolist() for b in fl.Loader(ds, 10, shuffle=True, seed=5, device="cpu")]
+    a = fl.Loader(ds, 10, shuffle=True, seed=5, device="cpu", num_workers=2)
+    it = iter(a)
+    head = [next(it)["y"].tolist() for _ in range(6)]
+    state = a.state_dict()
+    a.close()
+    b = fl.Loader(ds, 10, shuffle=True, seed=5, device="cpu", num_workers=3)
+    b.load_state_dict(state)
+    assert head + [x["y"].tolist() for x in b] == full
+
+
+def test_ranks_are_disjoint_equal_in_steps_and_cover_the_dataset():
+    ds = Rows(n=101)
+    per_rank = [[b["y"].tolist() for b in fl.Loader(ds, 7, shuffle=True, seed=2, rank=r, world_size=3, device="cpu",
+                                                    even="mask", with_index=True)] for r in range(3)]
+    assert len({len(p) for p in per_rank}) == 1
+    loaders = [fl.Loader(ds, 7, shuffle=True, seed=2, rank=r, world_size=3, device="cpu", even="mask",
+                         with_index=True) for r in range(3)]
+    valid_ids = []
+    for ld in loaders:
+        for b in ld:
+            assert b["y"].tolist() == b["index"].tolist()
+            valid_ids += b["y"][b["valid"]].tolist()
+    assert sorted(valid_ids) == list(range(101))
+
+
+class Augmented:
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        rng = fl.sample_rng()
+        return {"r": rng.random(3), "i": i}
+
+
+def test_sample_rng_is_the_same_for_any_worker_count_and_after_resume_and_differs_by_sample_and_epoch():
+    def run(workers, **kw):
+        ld = fl.Loader(Augmented(), 6, shuffle=True, seed=9, device="cpu", num_workers=workers, **kw)
+        return {int(i): r for b in ld for i, r in zip(b["i"].tolist(), b["r"].numpy())}
+
+    one, three = run(1), run(3)
+    assert one.keys() == three.keys() == set(range(60))
+    assert all(np.array_equal(one[i], three[i]) for i in one)
+    assert len({tuple(v) for v in one.values()}) == 60  # every sample its own stream
+    ld = fl.Loader(Augmented(), 6, shuffle=True, seed=9, device="cpu")
+    ld.set_epoch(1)
+    epoch1 = {int(i): r for b in ld for i, r in zip(b["i"].tolist(), b["r"].numpy())}
+    assert not any(np.array_equal(one[i], epoch1[i]) for i in one)
+    other_seed = {int(i): r for b in fl.Loader(Augmented(), 6, shuffle=True, seed=10, device="cpu")
+                  for i, r in zip(b["i"].tolist(), b["r"].numpy())}
+    assert not any(np.array_equal(one[i], other_seed[i]) for i in one)
+    # After a resume mid-epoch the remaining samples draw what they drew without the interruption.
+    a = fl.Loader(Augmented(), 6, shuffle=True, seed=9, device="cpu", num_workers=2)
+    it = iter(a)
+    for _ in range(4):
+        next(it)
+    state = a.state_dict()
+    b = fl.Loader(Augmented(), 6, shuffle=True, seed=9, device="cpu", num_workers=1)
+    b.load_state_dict(state)
+    for batch in b:
+        for i, r in zip(batch["i"].tolist(), batch["r"].numpy()):
+            assert np.array_equal(r, one[i])
+
+
+def test_sample_rng_outside_a_fetch_and_inside_getitems_without_an_index_explain_themselves():
+    with pytest.raises(RuntimeError, match="outside one there is no"):
+        fl.sample_rng()
+
+    class Batched:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {"v": i}
+
+        def __getitems__(self, ids):
+            return [{"v": int(fl.sample_rng(i).integers(1 << 30))} for i in ids]
+
+    a = [b["v"].tolist() for b in fl.Loader(Batched(), 4, seed=1, device="cpu", num_workers=2)]
+    b = [b["v"].tolist() for b in fl.Loader(Batched(), 4, seed=1, device="cpu", num_workers=1)]
+    assert a == b
+
+    class Forgets(Batched):
+        def __getitems__(self, ids):
+            return [{"v": int(fl.sample_rng().integers(9))} for _ in ids]
+
+    with pytest.raises(fl.SampleError) as e:
+        list(fl.Loader(Forgets(), 4, device="cpu"))
+    assert "needs the sample's index" in str(e.value.__cause__)
+
+
+def test_padded_fields_get_lengths_and_are_cut_at_max_length():
+    class Tokens:
+        def __len__(self):
+            return 30
+
+        def __getitem__(self, i):
+            return {"tokens": np.arange(i % 7, dtype=np.int32) + 1, "label": i}
+
+    loader = fl.Loader(Tokens(), 10, device="cpu", pad={"tokens": -1}, max_length={"tokens": 5})
+    for b in loader:
+        labels = b["label"].tolist()
+        assert b["tokens"].shape == (len(labels), 5) and b["tokens"].dtype == torch.int32
+        for row, length, i in zip(b["tokens"].tolist(), b["tokens_lengths"].tolist(), labels):
+            n = min(i % 7, 5)
+            assert length == n and row == list(range(1, n + 1)) + [-1] * (5 - n)
+    with pytest.raises(ValueError, match="pad names field 'tokens' without max_length"):
+        fl.Loader(Tokens(), 10, device="cpu", pad={"tokens": 0})
+    with pytest.raises(ValueError, match=r"fields the samples do not have: \['text'\]"):
+        fl.Loader(Tokens(), 10, device="cpu", pad={"text": 0}, max_length={"text": 3})
+    with pytest.raises(ValueError, match="pad=-1 cannot be stored as uint8"):
+        fl.Loader([{"t": np.zeros(2, np.uint8)}], 1, device="cpu", pad={"t": -1}, max_length={"t": 3})
+
+
+def test_a_varying_shape_without_pad_is_an_error_naming_the_sample_field_and_both_shapes():
+    class Varying:
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return {"x": np.zeros(3 if i != 13 else 4, np.float32)}
+
+    with pytest.raises(fl.SampleError, match=r"sample 13, field 'x': has shape \(4,\), the first sample's \(3,\)"):
+        list(fl.Loader(Varying(), 5, device="cpu"))
+
+    class Retyped(Varying):
+        def __getitem__(self, i):
+            return {"x": np.zeros(3, np.float64 if i == 7 else np.float32)}
+
+    with pytest.raises(fl.SampleError, match="sample 7, field 'x': has dtype float64, the first sample's float32"):
+        list(fl.Loader(Retyped(), 5, device="cpu"))
+
+    class Missing(Varying):
+        def __getitem__(self, i):
+            return {"x": np.zeros(3, np.float32)} if i != 4 else {"y": 1}
+
+    with pytest.raises(fl.SampleError, match=r"sample 4, field 'x': is missing \(the first sample has it\)"):
+        list(fl.Loader(Missing(), 5, device="cpu"))
+
+
+def test_an_exception_in_getitem_reaches_the_loop_with_index_batch_and_the_original_traceback():
+    class Broken:
+        def __len__(self):
+            return 50
+
+        def __getitem__(self, i):
+            if i == 23:
+                raise KeyError(f"no record {i}")
+            return {"v": i}
+
+    loader = fl.Loader(Broken(), 5, device="cpu", num_workers=2)
+    with pytest.raises(fl.SampleError) as e:
+        list(loader)
+    assert "dataset.__getitem__(23) raised KeyError" in str(e.value)
+    assert "batch 4 of epoch 0" in str(e.value)
+    cause = e.value.__cause__
+    assert isinstance(cause, KeyError) and cause.args == ("no record 23",)
+    frames = []
+    tb = cause.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert "__getitem__" in frames
+    loader.close()
+
+
+def test_timeout_names_the_sample_that_never_returns():
+    release = threading.Event()
+
+    class Stuck:
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            if i == 6:
+                release.wait(30)
+            return {"v": i}
+
+    loader = fl.Loader(Stuck(), 4, device="cpu", num_workers=2, timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"dataset\[6\] has not returned after \d+ ms .*timeout=0.3"):
+        list(loader)
+    assert time.monotonic() - t0 < 5
+    release.set()
+    loader.close()
+
+
+def test_collate_fn_is_the_escape_hatch_and_worker_init_fn_runs_once_per_worker():
+    seen = []
+
+    def init(worker):
+        seen.append((worker, threading.get_ident()))
+
+    def collate(samples):
+        return {"sum": sum(s["v"] for s in samples), "n": len(samples)}
+
+    loader = fl.Loader([{"v": i} for i in range(20)], 5, device="cpu", collate_fn=collate, num_workers=2,
+                       worker_init_fn=init)
+    out = [b for b in loader] + [b for b in loader]  # two epochs: still once per worker
+    assert [b["n"] for b in out] == [5] * 8 and sum(b["sum"] for b in out) == 2 * sum(range(20))
+    assert sorted(w for w, _ in seen) == [0, 1] and len({t for _, t in seen}) == 2
+    with pytest.raises(ValueError, match="not possible with collate_fn"):
+        fl.Loader([{"v": 1}], 1, device="cpu", collate_fn=collate, with_index=True)
+    with pytest.raises(ValueError, match="with samples that are not dicts"):
+        fl.Loader([(1, 2)], 1, device="cpu", even="mask")
+
+
+def test_dataloader_arguments_map_or_are_refused_with_the_replacement():
+    ds = [{"v": i} for i in range(10)]
+    with pytest.raises(TypeError, match="DataLoader's sampler=: fastload samples natively: use shuffle="):
+        fl.Loader(ds, 2, sampler=object())
+    with pytest.raises(TypeError, match="batch_sampler=: .*batch_size="):
+        fl.Loader(ds, 2, batch_sampler=object())
+    with pytest.raises(TypeError, match="prefetch_factor=: use prefetch="):
+        fl.Loader(ds, 2, prefetch_factor=4)
+    with pytest.raises(TypeError, match="generator=: use seed="):
+        fl.Loader(ds, 2, generator=torch.Generator())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        fl.Loader(ds, 2, bogus=1)
+    with pytest.raises(ValueError, match="num_threads and num_workers name the same thing"):
+        fl.Loader(ds, 2, num_threads=1, num_workers=2)
+    with pytest.raises(ValueError, match="num_workers must be positive, got 0 .*no main-process mode"):
+        fl.Loader(ds, 2, num_workers=0)
+    with pytest.raises(ValueError, match="workers must be one of"):
+        fl.Loader(ds, 2, workers="fibers")
+    with pytest.raises(ValueError, match="timeout must be a non-negative number"):
+        fl.Loader(ds, 2, timeout=-1)
+    ld = fl.Loader(ds, 2, device="cpu", pin_memory=True, persistent_workers=True, num_workers=2, drop_last=True)
+    assert ld.num_threads == 2 and len(ld) == 5
+    with pytest.raises(ValueError, match="apply to Python datasets"):
+        fl.Loader(fl.Dataset({"x": np.zeros(4)}), 2, pad={"x": 0})
+    with pytest.raises(TypeError, match="an array is not a dataset"):
+        fl.Loader(np.zeros((4, 2)), 2)
+
+
+def test_stats_show_time_in_user_code_apart_from_collation():
+    class Slow:
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            time.sleep(0.001)
+            return {"v": i}
+
+    loader = fl.Loader(Slow(), 8, device="cpu", num_workers=2)
+    list(loader)
+    s = loader.stats()
+    assert 0.04 * 0.9 <= s.user_s <= s.collation.busy_s + 1e-3
+    assert "user code" in str(s)
+    assert fl.Loader(fl.Dataset({"x": np.zeros(8)}), 4, device="cpu").stats().user_s == 0
+
+
+def test_breaking_out_and_dropping_the_loader_stop_its_threads():
+    from conftest import native_thread_count
+
+    before = native_thread_count()
+    for _ in range(5):
+        loader = fl.Loader(Rows(n=500), 4, device="cpu", num_workers=3)
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+        del loader
+    import gc
+    gc.collect()
+    assert native_thread_count() <= before + 1
+
+
+def _run(code: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_ctrl_c_in_the_loop_and_exit_with_a_thread_still_iterating_are_clean():
+    proc = _run("""
+        import os, signal, threading, time, numpy as np, fastload as fl
+        class DS:
+            def __len__(self): return 10_000
+            def __getitem__(self, i):
+                time.sleep(0.0005)
+                return {"x": np.full(64, i, np.float32), "i": i}
+        loader = fl.Loader(DS(), 16, device="cpu", num_workers=2)
+        try:
+            for k, b in enumerate(loader):
+                if k == 5:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(1)
+        except KeyboardInterrupt:
+            print("interrupted")
+        loader.close()
+        # A daemon thread still iterating when the interpreter exits.
+        other = fl.Loader(DS(), 16, device="cpu", num_workers=2)
+        threading.Thread(target=lambda: [None for _ in other], daemon=True).start()
+        time.sleep(0.3)
+        print("exiting")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interrupted" in proc.stdout and "exiting" in proc.stdout
+    assert "terminate called" not in proc.stderr
+
+
+def test_a_python_source_through_the_stand_in_gpu_engine():
+    proc = _run("""
+        import os, sys, gc, numpy as np
+        sys.path.insert(0, "tests")
+        from fake_cuda import build
+        import tempfile
+        os.environ["FASTLOAD_LIBCUDA"] = str(build.build(tempfile.mkdtemp()))
+        import fastload as fl
+        class DS:
+            def __len__(self): return 50
+            def __getitem__(self, i):
+                return {"x": np.full((2, 3), i, np.float32), "name": f"n{i}", "y": i}
+        loader = fl.Loader(DS(), 8, shuffle=True, seed=4, device="cuda:0", with_index=True)
+        loader._raw_device_batches = True
+        plan = loader.plan(0).tolist()
+        seen = []
+        for b in loader:
+            x = np.frombuffer(b["x"].read(), np.float32).reshape(b["x"].shape)
+            y = np.frombuffer(b["y"].read(), np.int64)
+            idx = np.frombuffer(b["index"].read(), np.int64)
+            assert (x == idx[:, None, None]).all() and (y == idx).all(), (x, idx)
+            assert b["name"] == [f"n{i}" for i in idx], b["name"]
+            seen += idx.tolist()
+        assert seen == plan, (seen, plan)
+        print("ok", len(seen))
+    """, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ok 50" in proc.stdout
