@@ -55,7 +55,7 @@ class _File:
     inode, mtime, size) it had when the directory was opened: a file swapped, rewritten or
     truncated since is an error where it is mapped and at every iter(), never silently read."""
 
-    __slots__ = ("path", "offset", "shape", "dtype", "checksum", "identity")
+    __slots__ = ("path", "rel", "offset", "shape", "dtype", "checksum", "identity")
 
     def __init__(self, root: str, entry: Any, dtype: np.dtype, field: str):
         want(entry, dict, field, "an object with path, offset and shape")
@@ -68,6 +68,7 @@ class _File:
         if self.checksum is not None:
             want(self.checksum, str, f"{field}.{CHECKSUM}", "a hex string")
         self.path = os.path.join(root, rel)
+        self.rel = rel
         self.dtype = dtype
         self.identity: tuple[int, int, int, int] | None = None
 
@@ -81,12 +82,11 @@ class _File:
         return DatasetError(f"{self.path}: it is {size} bytes on disk, the manifest expects {expected} "
                             f"({self.shape} {self.dtype} after a {self.offset}-byte header): {how}{when}")
 
-    def stat_at_open(self, dir_fd: int, rel_root: str) -> None:
+    def stat_at_open(self, dir_fd: int) -> None:
         """Records the file's identity, relative to the directory opened as dir_fd (so a directory
         replaced during open() cannot mix two datasets); raises if its size is not the manifest's."""
-        rel = os.path.relpath(self.path, rel_root)
         try:
-            st = os.stat(rel, dir_fd=dir_fd)
+            st = os.stat(self.rel, dir_fd=dir_fd)
         except FileNotFoundError:
             raise DatasetError(f"{self.path}: shard file is missing") from None
         except OSError as e:
@@ -203,7 +203,7 @@ def _load_once(root: str, retry: bool = True) -> tuple[dict[str, Any], list[_Col
         directory = (st.st_dev, st.st_ino)
         try:
             manifest = parse(read_regular(dir_fd, MANIFEST, _MAX_MANIFEST_BYTES))
-            columns, rows, total = _layout(root, manifest, lambda f: f.stat_at_open(dir_fd, root))
+            columns, rows, total = _layout(root, manifest, lambda f: f.stat_at_open(dir_fd))
         except FileNotFoundError:
             raise DatasetError(f"{mpath} is missing: {root} is not a fastload dataset directory, "
                                "or its write never finished") from None

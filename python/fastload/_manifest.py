@@ -53,6 +53,10 @@ def want(value: Any, kind: type, field: str, what: str) -> Any:
 
 
 def want_shape(value: Any, field: str) -> tuple[int, ...]:
+    # The common case in one pass (a manifest of 100,000 shards has 100,000 shapes); `type is int`
+    # rules out bool as well.
+    if type(value) is list and all(type(s) is int and s >= 0 for s in value):
+        return tuple(value)
     want(value, list, field, "a list of sizes")
     return tuple(want_int(s, f"{field}[{i}]") for i, s in enumerate(value))
 
