@@ -586,3 +586,20 @@ def test_iter_cost_does_not_grow_with_python_work_per_file(tmp_path):
     per_check = (time.perf_counter() - t) / 5
     assert per_check < 0.05, per_check  # was ~10 ms here before for 2,000 files; generous for shared machines
     assert loader is not None
+
+
+def test_running_out_of_memory_mappings_is_explained(d, tmp_path, monkeypatch):
+    # Linux allows vm.max_map_count mappings (65,530 by default): each shard file is one.
+    import errno
+
+    from fastload import _mapping
+
+    def refuse(path):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory", path)
+
+    monkeypatch.setattr(_mapping, "FileMapping", refuse)
+    with pytest.raises(fl.DatasetError, match=r"x/000000\.npy: cannot map the shard .*vm\.max_map_count"):
+        fl.Loader(fl.Dataset.open(d), 10, device="cpu")
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    with pytest.raises(OSError, match="vm.max_map_count"):
+        fl.Windows.from_files([tmp_path / "t.bin"], np.uint16, 4)

@@ -19,8 +19,29 @@ FileMapping = _C.FileMapping
 
 
 def map_file(path: str) -> Any:
-    """The whole file at `path`, mapped read-only (OSError naming the file if it cannot be)."""
-    return FileMapping(os.path.abspath(path))
+    """The whole file at `path`, mapped read-only (OSError naming the file if it cannot be; the
+    one for running out of mappings says which limit and what to do)."""
+    try:
+        return FileMapping(os.path.abspath(path))
+    except OSError as e:
+        if e.errno == errno.ENOMEM:
+            raise OSError(errno.ENOMEM, f"{e.strerror}: {mapping_limit_hint()}", path) from None
+        raise
+
+
+def mapping_limit_hint() -> str:
+    """Why mmap said ENOMEM with memory to spare: each mapped file is one memory mapping, and
+    Linux allows a process vm.max_map_count of them (65,530 by default)."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = f.read().strip()
+        with open("/proc/self/maps") as f:
+            used = sum(1 for _ in f)
+    except OSError:
+        return "the process may have reached its limit of memory mappings (vm.max_map_count)"
+    return (f"this process holds {used} memory mappings and the system allows {limit} (vm.max_map_count); "
+            "every shard file is one mapping: write fewer, larger shards, or raise the limit "
+            "(sysctl -w vm.max_map_count=262144)")
 
 
 def array_of(mapping: Any, dtype: np.dtype, offset: int, shape: tuple[int, ...]) -> np.ndarray:
