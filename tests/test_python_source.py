@@ -480,3 +480,36 @@ def test_a_python_source_through_the_stand_in_gpu_engine():
     """, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ok 50" in proc.stdout
+
+
+@pytest.mark.parametrize("user_share, processes, says", [
+    (0.9, False, "the dataset's own code (__getitem__) is the bottleneck (90% of the workers' time): raise "
+                 "num_workers (now 3), or use workers='processes'"),
+    (0.9, True, "raise num_workers (now 3)"),
+    (0.3, False, "collation is the bottleneck"),  # the gathering, not the user's code
+    (-1.0, False, "collation is the bottleneck"),  # an array source
+])
+def test_the_stall_hint_names_num_workers_when_user_code_is_the_bottleneck(user_share, processes, says):
+    from fastload import _C
+    advice = _C._stall_advice(0.95, 0.0, num_threads=3, streams=1, prefetch=8, user_share=user_share,
+                              processes=processes)
+    assert says in advice, advice
+    assert ("workers='processes'" in advice) == (user_share > 0.5 and not processes)
+
+
+def test_a_loop_starved_by_a_slow_getitem_is_told_to_raise_num_workers(caplog):
+    import logging
+
+    class Slow:
+        def __len__(self):
+            return 700
+
+        def __getitem__(self, i):
+            time.sleep(0.0002)
+            return {"i": i}
+
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        for _ in fl.Loader(Slow(), 1, device="cpu", num_workers=1, prefetch=2):
+            pass
+    hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
+    assert len(hints) == 1 and "raise num_workers (now 1)" in hints[0], hints

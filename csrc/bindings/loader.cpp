@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
 #include "bindings/exit_parking.h"
+#include "bindings/process_workers.h"
 #include "bindings/py_source.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
@@ -37,7 +39,7 @@ struct Cancelled {};
 class PyEngine {
  public:
   PyEngine(const SourceHandle& source, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
-           bool with_valid, int streams)
+           bool with_valid, int streams, std::shared_ptr<SharedMemoryAllocator> shared_memory)
       : source_(source.keepalive) {
     RuntimeOptions o;
     o.engine.num_threads = num_threads;
@@ -46,6 +48,7 @@ class PyEngine {
     o.engine.with_valid = with_valid;
     o.engine.batch_size = batch_size;
     o.streams = streams;
+    o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
@@ -141,7 +144,8 @@ class PyEngine {
   // After a hand-out: the one-time stall hint, logged at the start of the next next(), before a
   // batch is taken (logging runs Python code, which a signal may interrupt).
   void check_stall(const Run& run, double share) {
-    std::string hint = runtime_->stall_hint(run, share);
+    std::string hint = python_ ? runtime_->stall_hint(run, share, python_->user_ns(), python_->has_workers())
+                               : runtime_->stall_hint(run, share);
     if (!hint.empty()) pending_warning_ = std::move(hint);
   }
 
@@ -178,8 +182,9 @@ class PyEngine {
       if (python_ && timeout_.count() > 0) {
         const std::string late = python_->overdue(timeout_);
         if (!late.empty()) {
-          PyErr_SetString(PyExc_TimeoutError, ("fastload: " + late + " (timeout=" +
-                                               std::to_string(timeout_.count() / 1000.0) + " s)").c_str());
+          char limit[32];
+          std::snprintf(limit, sizeof limit, "%g", static_cast<double>(timeout_.count()) / 1000.0);
+          PyErr_SetString(PyExc_TimeoutError, ("fastload: " + late + " (timeout=" + limit + " s)").c_str());
           throw py::error_already_set();
         }
       }
@@ -260,8 +265,17 @@ class Iterator {
 
   py::object next() {
     if (exit_parking::note_next()) park();
+    if (engine_.is_none()) throw std::runtime_error("this iterator was cleared by the garbage collector");
     PyEngine& engine = engine_.cast<PyEngine&>();
     engine.flush_warning();  // Python code may run (and be interrupted) only before the take
+    if (!pending_.is_none()) {
+      // The batch a signal interrupted last time: still the next one, handed out now.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      py::object batch = std::move(pending_);
+      pending_ = py::none();
+      ++run_->handed[static_cast<size_t>(output_)];
+      return batch;
+    }
     uintptr_t stream = 0;
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
     const bool counting = engine.counting();
@@ -299,13 +313,21 @@ class Iterator {
       for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
       batch = std::move(d);
     }
-    ++run_->handed[static_cast<size_t>(output_)];
     if (counting) {
       const int64_t bytes = static_cast<int64_t>(engine.layout().batch_bytes(rows));
       const double share = run_->stats.record(rows, bytes, StageTimes::since(t0), ready);
       if (share >= 0) engine.check_stall(*run_, share);
     }
-    return std::move(batch);
+    // A signal that arrived while the batch was taken would run its handler as soon as this call
+    // returns, before `batch = next(it)` assigns it: the batch would be lost although counted
+    // as handed out. Run pending handlers here instead; if one raises, the batch is kept as the
+    // next one (state_dict() does not count it) and the exception goes up.
+    if (PyErr_CheckSignals() != 0) {
+      pending_ = std::move(batch);
+      throw py::error_already_set();
+    }
+    ++run_->handed[static_cast<size_t>(output_)];
+    return batch;
   }
 
   [[noreturn]] static void park() {  // public: iter() parks a thread the same way
@@ -318,6 +340,18 @@ class Iterator {
     return run_->pipeline->plan(output_).num_batches() - run_->handed[static_cast<size_t>(output_)];
   }
 
+  // The garbage collector's view (loader.it = iter(loader) is a cycle through this object).
+  int traverse(visitproc visit, void* arg) const {
+    for (const py::object* o : {&owner_, &engine_, &current_stream_, &from_dlpack_, &pending_})
+      Py_VISIT(o->ptr());
+    return 0;
+  }
+  void clear() {
+    owner_ = py::none();
+    engine_ = py::none();
+    pending_ = py::none();
+  }
+
  private:
   py::object owner_;  // the Loader: `for b in Loader(...)` keeps it alive while the loop runs
   py::object engine_;
@@ -326,6 +360,7 @@ class Iterator {
   int device_;
   bool raw_;
   py::object current_stream_, from_dlpack_;
+  py::object pending_ = py::none();  // a batch taken but not handed out (a signal interrupted next())
 };
 
 // C++ exceptions to Python, in one place: a collation failure keeps its original type.
@@ -333,16 +368,7 @@ void translate_collation_error(const CollationError& e) {
   try {
     std::rethrow_exception(e.original());
   } catch (const SampleError& s) {
-    // fastload.SampleError with the batch context, chained to the dataset's own exception (and
-    // its traceback) as __cause__.
-    py::object type = py::module_::import("fastload._python_source").attr("SampleError");
-    py::object error = type(py::str(e.what()));
-    if (s.exception() && s.exception()->get()) {
-      PyObject* cause = s.exception()->get();
-      Py_INCREF(cause);
-      PyException_SetCause(error.ptr(), cause);
-    }
-    PyErr_SetObject(type.ptr(), error.ptr());
+    set_sample_error(s, e.what());
   } catch (const std::bad_alloc&) {
     PyErr_SetString(PyExc_MemoryError, e.what());
   } catch (const std::invalid_argument&) {
@@ -375,16 +401,31 @@ void register_loader(py::module_& m) {
 
   py::class_<Iterator>(m, "Iterator", "Hands out one output's batches of one epoch, in order, as "
                        "dict[str, torch.Tensor]. On a GPU each batch is ready on the stream that was "
-                       "current (torch.cuda.current_stream) when next() was called.")
+                       "current (torch.cuda.current_stream) when next() was called.",
+                       py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+                         // Visible to the cycle collector: the iterator holds its Loader.
+                         auto* type = &heap_type->ht_type;
+                         type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+                         type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
+                           Py_VISIT(Py_TYPE(self));
+                           if (!py::detail::is_holder_constructed(self)) return 0;
+                           return py::cast<const Iterator&>(py::handle(self)).traverse(visit, arg);
+                         };
+                         type->tp_clear = [](PyObject* self) {
+                           if (py::detail::is_holder_constructed(self)) py::cast<Iterator&>(py::handle(self)).clear();
+                           return 0;
+                         };
+                       }))
       .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool>())
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Iterator::next)
       .def("__len__", &Iterator::remaining);
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const SourceHandle&, int64_t, int, int64_t, bool, bool, int>(), py::arg("source"),
-           py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"), py::arg("with_index"),
-           py::arg("with_valid"), py::arg("streams") = 1)
+      .def(py::init<const SourceHandle&, int64_t, int, int64_t, bool, bool, int,
+                    std::shared_ptr<SharedMemoryAllocator>>(),
+           py::arg("source"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
+           py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1, py::arg("shared_memory") = nullptr)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"), py::arg("start_position"),
            py::arg("fail_at_step"), py::arg("devices"))
       .def("close", &PyEngine::close)

@@ -1,11 +1,13 @@
 // A Python dataset as a batch source; see py_source.h.
 #include "bindings/py_source.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "bindings/process_workers.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
 #include "core/array_source.h"
@@ -196,6 +198,7 @@ PythonSource::PythonSource(py::object dataset, py::object getitems, py::object c
   if (!worker_init.is_none()) worker_init_ = PyRef::borrow(worker_init.ptr());
   ascontiguous_ = PyRef::borrow(py::module_::import("numpy").attr("ascontiguousarray").ptr());
   int16_ = PyRef::borrow(py::module_::import("torch").attr("int16").ptr());
+  loads_ = PyRef::borrow(py::module_::import("pickle").attr("loads").ptr());
   for (Leaf& leaf : leaves_) {
     switch (leaf.kind) {
       case LeafKind::Object:
@@ -227,9 +230,14 @@ std::string PythonSource::overdue(std::chrono::milliseconds limit) const {
   for (size_t t = 0; t < calls_.size(); ++t) {
     const int64_t id = calls_[t]->id.load(std::memory_order_acquire);
     const int64_t since = calls_[t]->since_ns.load(std::memory_order_acquire);
-    if (id >= 0 && now - since > std::chrono::nanoseconds(limit).count())
-      return "dataset[" + std::to_string(id) + "] has not returned after " +
-             std::to_string((now - since) / 1000000) + " ms (worker thread " + std::to_string(t) + ")";
+    if (id >= 0 && now - since > std::chrono::nanoseconds(limit).count()) {
+      const std::string ms = std::to_string((now - since) / 1000000) + " ms";
+      if (calls_[t]->batch.load(std::memory_order_acquire))
+        return "the batch starting at dataset[" + std::to_string(id) + "] has not come back from worker process " +
+               std::to_string(t) + " after " + ms;
+      return "dataset[" + std::to_string(id) + "] has not returned after " + ms + " (worker thread " +
+             std::to_string(t) + ")";
+    }
   }
   return "";
 }
@@ -343,7 +351,35 @@ void PythonSource::write(const TreeNode& node, PyObject* value, int64_t row, int
   }
 }
 
+void PythonSource::set_workers(std::shared_ptr<WorkerPool> workers) { std::atomic_store(&workers_, std::move(workers)); }
+
+bool PythonSource::has_workers() const { return std::atomic_load(&workers_) != nullptr; }
+
 void PythonSource::fill(const FillRequest& r) {
+  std::shared_ptr<WorkerPool> workers = std::atomic_load(&workers_);
+  if (!workers) return fill_local(r);
+  Call& call = call_slot(r.thread);
+  const int64_t t0 = now_ns();
+  call.batch.store(true, std::memory_order_release);
+  call.since_ns.store(t0, std::memory_order_release);
+  call.id.store(r.count ? r.ids[0] : 0, std::memory_order_release);
+  std::string payload;
+  try {
+    payload = workers->run(r, schema_.size());
+  } catch (...) {
+    call.id.store(-1, std::memory_order_release);
+    throw;
+  }
+  call.id.store(-1, std::memory_order_release);
+  user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);  // the worker's whole batch
+  if (!payload.empty()) {
+    auto extras = std::make_shared<BatchExtras>();
+    extras->pickled = std::move(payload);
+    *r.extras = std::move(extras);
+  }
+}
+
+void PythonSource::fill_local(const FillRequest& r) {
   GilScope gil;
   Call& call = call_slot(r.thread);
   if (worker_init_ && !call.initialized) {
@@ -419,9 +455,13 @@ void PythonSource::fill(const FillRequest& r) {
     PyRef batch = PyRef::steal(PyObject_CallFunctionObjArgs(collate_.get(), samples.get(), nullptr));
     user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
     if (!batch) user_error(r.count ? r.ids[0] : 0, "collate_fn(batch starting at dataset");
-    *r.extras = std::make_shared<PyRef>(std::move(batch));
+    auto extras = std::make_shared<BatchExtras>();
+    extras->object = std::move(batch);
+    *r.extras = std::move(extras);
   } else if (objects) {
-    *r.extras = std::make_shared<PyRef>(std::move(objects));
+    auto extras = std::make_shared<BatchExtras>();
+    extras->object = std::move(objects);
+    *r.extras = std::move(extras);
   }
 }
 
@@ -459,7 +499,15 @@ py::object PythonSource::build(const TreeNode& node, const std::vector<py::objec
 
 py::object PythonSource::assemble(const std::vector<py::object>& parts, const std::shared_ptr<void>& extras,
                                   const std::vector<std::pair<py::str, py::object>>& loader_parts) const {
-  PyObject* held = extras ? static_cast<PyRef*>(extras.get())->get() : nullptr;
+  auto* e = static_cast<BatchExtras*>(extras.get());
+  if (e && !e->pickled.empty() && !e->object) {  // built by a worker process
+    PyRef bytes = PyRef::steal(PyBytes_FromStringAndSize(e->pickled.data(), static_cast<Py_ssize_t>(e->pickled.size())));
+    PyRef loaded = PyRef::steal(PyObject_CallFunctionObjArgs(loads_.get(), bytes.get(), nullptr));
+    if (!loaded) throw py::error_already_set();
+    e->object = std::move(loaded);
+    e->pickled.clear();
+  }
+  PyObject* held = e ? e->object.get() : nullptr;
   if (collate_) return py::reinterpret_borrow<py::object>(held ? held : Py_None);
   py::object out = build(tree_, parts, held);
   if (!loader_parts.empty()) {
@@ -511,7 +559,37 @@ LeafKind kind_from(const std::string& s) {
 
 }  // namespace
 
+void set_sample_error(const SampleError& s, const std::string& what) {
+  py::object type = py::module_::import("fastload._python_source").attr("SampleError");
+  std::string message = what;
+  py::object cause = py::none();
+  if (s.exception() && s.exception()->get()) cause = py::reinterpret_borrow<py::object>(s.exception()->get());
+  if (const auto* w = dynamic_cast<const WorkerError*>(&s); w && !w->pickled().empty()) {
+    // From a worker process: its exception (unpickled) and its traceback as text.
+    try {
+      py::tuple t = py::module_::import("pickle").attr("loads")(py::bytes(w->pickled()));
+      cause = t[0];
+      const std::string tb = t[1].cast<std::string>();
+      if (!tb.empty()) message += "\n\nThe worker's traceback:\n" + tb;
+    } catch (const py::error_already_set&) {
+    }
+  }
+  py::object error = type(py::str(message));
+  if (!cause.is_none()) PyException_SetCause(error.ptr(), cause.release().ptr());
+  PyErr_SetObject(type.ptr(), error.ptr());
+}
+
 void register_python_source(py::module_& m) {
+  // A sample's failure outside a collation thread (a worker process's fill_rows).
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    try {
+      std::rethrow_exception(p);
+    } catch (const SampleError& e) {
+      set_sample_error(e, e.what());
+    }
+  });
+
   // leaves: [(name, kind, dl_code, bits, shape, row_bytes, item_bytes, max_length, pad bytes)];
   // tree: see tree_from; see fastload._python_source for how both are inferred.
   m.def("PythonSource", [](py::object dataset, py::object getitems, py::object collate, py::object worker_init,
@@ -539,6 +617,49 @@ void register_python_source(py::module_& m) {
     return SourceHandle{source, dataset};
   }, py::arg("dataset"), py::arg("getitems"), py::arg("collate"), py::arg("worker_init"), py::arg("leaves"),
      py::arg("tree"), py::arg("size"));
+
+  py::class_<PythonSource, std::shared_ptr<PythonSource>>(m, "PythonSourceNative")
+      // In a worker process: fetch `ids` and write them into the parts at `addresses` (its own
+      // mappings of the main process's shared batch slots); returns the batch's extras or None.
+      .def("fill_rows", [](PythonSource& s, py::array_t<int64_t, py::array::c_style> ids,
+                           const std::vector<uintptr_t>& addresses, uint64_t seed, int64_t epoch, int64_t step,
+                           int thread) -> py::object {
+             if (addresses.size() != s.schema().size())
+               throw std::invalid_argument("one address per part is needed");
+             std::vector<std::byte*> parts;
+             for (uintptr_t a : addresses) parts.push_back(reinterpret_cast<std::byte*>(a));
+             std::shared_ptr<void> extras;
+             FillRequest r;
+             r.ids = ids.data();
+             r.count = static_cast<int64_t>(ids.size());
+             r.parts = parts.data();
+             r.seed = seed;
+             r.epoch = epoch;
+             r.step = step;
+             r.thread = thread;
+             r.extras = &extras;
+             s.fill_local(r);
+             auto* e = static_cast<BatchExtras*>(extras.get());
+             if (!e || !e->object) return py::none();
+             return py::reinterpret_borrow<py::object>(e->object.get());
+           });
+  m.def("_python_source_native", [](const SourceHandle& h) {
+    auto s = std::dynamic_pointer_cast<PythonSource>(h.source);
+    if (!s) throw std::invalid_argument("not a Python source");
+    return s;
+  });
+  // The main process's side of worker processes: sockets (fds), pids, and the shared memory the
+  // batches live in; None detaches them (collation threads build batches again).
+  m.def("_attach_workers", [](const SourceHandle& h, py::object fds, py::object pids, py::object memory) {
+    auto s = std::dynamic_pointer_cast<PythonSource>(h.source);
+    if (!s) throw std::invalid_argument("not a Python source");
+    if (fds.is_none()) return s->set_workers(nullptr);
+    s->set_workers(std::make_shared<WorkerPool>(fds.cast<std::vector<int>>(), pids.cast<std::vector<int64_t>>(),
+                                                memory.cast<std::shared_ptr<SharedMemoryAllocator>>()));
+  });
+  py::class_<SharedMemoryAllocator, std::shared_ptr<SharedMemoryAllocator>>(
+      m, "SharedMemory", "Host buffers worker processes can map (memfd segments).")
+      .def(py::init<>());
 
   // fastload.sample_rng(): (seed, epoch, sample id) of the sample this thread is fetching, or None.
   m.def("_sample_context", []() -> py::object {

@@ -65,6 +65,15 @@ class SampleError : public std::runtime_error {
   std::shared_ptr<PyRef> exception_;
 };
 
+// What a batch carries besides its parts: the lists of object fields (or collate_fn's result), as
+// a Python object when built in this process, or pickled when a worker process built it.
+struct BatchExtras {
+  PyRef object;
+  std::string pickled;
+};
+
+class WorkerPool;
+
 class PythonSource final : public BatchSource {
  public:
   // dataset: the map-style dataset; getitems: its __getitems__ bound method or None; collate: a
@@ -76,7 +85,14 @@ class PythonSource final : public BatchSource {
                pybind11::object worker_init, std::vector<Leaf> leaves, TreeNode tree, int64_t size, int num_objects);
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return size_; }
+  // Builds the batch here (threads), or has worker process `request.thread` build it.
   void fill(const FillRequest& request) override;
+  // Builds the batch in this process: calls the dataset and writes the parts (the GIL is taken).
+  void fill_local(const FillRequest& request);
+  // From now on batches are built by these worker processes (null: by the collation threads).
+  // Only between epochs: fill() reads it without a lock.
+  void set_workers(std::shared_ptr<WorkerPool> workers);
+  bool has_workers() const;
 
   // Turns a batch's parts (torch tensors, in schema order) and extras back into the sample's
   // structure; `loader_parts` (index, valid) are added to a dict batch. GIL held.
@@ -100,6 +116,8 @@ class PythonSource final : public BatchSource {
 
   PyRef dataset_, getitems_, collate_, worker_init_;
   PyRef ascontiguous_, int16_;  // numpy.ascontiguousarray, torch.int16
+  PyRef loads_;                 // pickle.loads, for extras a worker process pickled
+  std::shared_ptr<WorkerPool> workers_;  // atomic loads and stores only
   std::vector<Leaf> leaves_;
   TreeNode tree_;
   std::vector<PartSchema> schema_;
@@ -109,6 +127,7 @@ class PythonSource final : public BatchSource {
   // The call each thread is in: sample id and start (steady clock ns), or id -1.
   struct Call {
     std::atomic<int64_t> id{-1};
+    std::atomic<bool> batch{false};  // a whole batch in a worker process, starting at `id`
     std::atomic<int64_t> since_ns{0};
     bool initialized = false;  // worker_init ran on this thread (touched by that thread only)
   };
@@ -116,6 +135,10 @@ class PythonSource final : public BatchSource {
   mutable std::vector<std::unique_ptr<Call>> calls_;  // by collation thread; grows under calls_mutex_
   Call& call_slot(int thread) const;
 };
+
+// Sets the Python error for a failed sample: fastload.SampleError(message), chained (__cause__) to
+// the dataset's own exception, with a worker process's traceback text appended. GIL held.
+void set_sample_error(const SampleError& error, const std::string& message);
 
 // The (seed, epoch, sample id) of the sample the calling thread is fetching, for
 // fastload.sample_rng(); false outside a fetch.

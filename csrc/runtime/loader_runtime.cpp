@@ -11,7 +11,8 @@ namespace fastload {
 LoaderRuntime::LoaderRuntime(std::shared_ptr<BatchSource> source, const RuntimeOptions& options)
     : prefetch_(options.engine.prefetch), streams_(options.streams) {
   if (streams_ <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams_));
-  engine_ = std::make_unique<Engine>(std::move(source), options.engine);
+  engine_ = std::make_unique<Engine>(std::move(source), options.engine,
+                                     options.host_memory ? options.host_memory : make_aligned_allocator());
   layout_ = engine_->layout_ptr();
 }
 
@@ -78,17 +79,19 @@ NextStatus LoaderRuntime::next_device(const Run& run, int output, cuda::api::CUs
   return transfer.next(run.pipeline.get(), stream, timeout, out);
 }
 
-std::string LoaderRuntime::stall_hint(const Run& run, double share) {
+std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user_ns, bool processes) {
   if (stall_warned_ || share <= RunStats::kStallShare) return "";
   stall_warned_ = true;
   // Which stage is busy most of the time since the epoch began points to the knob.
   const double wall = std::chrono::duration<double, std::nano>(RunStats::Clock::now() - run.stats.started).count();
-  const double collating = static_cast<double>(run.pipeline->collation_times().total_ns()) /
-                           (wall * std::max(1, engine_->num_threads()));
+  const double collation_ns = static_cast<double>(run.pipeline->collation_times().total_ns());
+  const double collating = collation_ns / (wall * std::max(1, engine_->num_threads()));
+  const double user_share = user_ns < 0 ? -1.0 : static_cast<double>(user_ns) / std::max(1.0, collation_ns);
   double copying = 0;
   for (const auto& t : run.transfers)
     if (t) copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
-  const std::string knob = stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_);
+  const std::string knob =
+      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes);
   return "fastload: the training loop waited for data " + std::to_string(static_cast<int>(share * 100)) +
          "% of the time over the last " + std::to_string(RunStats::kWindow) + " batches; " + knob +
          ". See loader.stats().";

@@ -41,6 +41,8 @@ struct MemoryCounts {
 struct RuntimeOptions {
   EngineOptions engine;
   int streams = 1;  // copy streams per GPU output
+  // Where CPU batches live (null: ordinary aligned memory); worker processes need shared memory.
+  std::shared_ptr<HostAllocator> host_memory;
 };
 
 class LoaderRuntime {
@@ -64,7 +66,9 @@ class LoaderRuntime {
 
   // After a hand-out, with the wait share of the last RunStats::kWindow batches: the one-time
   // hint naming the knob the counters point to, or "" (nothing to say, or said already).
-  std::string stall_hint(const Run& run, double share);
+  // user_ns: time in a Python dataset's own code this epoch (negative: an array source);
+  // processes: that code runs in worker processes.
+  std::string stall_hint(const Run& run, double share, int64_t user_ns = -1, bool processes = false);
 
   MemoryCounts memory() const;
   const BatchLayout& layout() const { return *layout_; }

@@ -52,7 +52,15 @@ struct RunStats {
 // bottleneck; when neither is, the data came but came unevenly, which a deeper window absorbs.
 inline constexpr double kBusyShare = 0.7;
 
-inline std::string stall_advice(double collating, double copying, int num_threads, int streams, int64_t prefetch) {
+// user_share: of the collation time, the share spent in a Python dataset's own code (negative for
+// array sources); processes: whether that code runs in worker processes already.
+inline std::string stall_advice(double collating, double copying, int num_threads, int streams, int64_t prefetch,
+                                double user_share = -1.0, bool processes = false) {
+  if (collating > kBusyShare && user_share > 0.5)
+    return "the dataset's own code (__getitem__) is the bottleneck (" + std::to_string(static_cast<int>(user_share * 100)) +
+           "% of the workers' time): raise num_workers (now " + std::to_string(num_threads) + ")" +
+           (processes ? std::string("") : std::string(", or use workers='processes' if that code is pure Python "
+                                                      "(threads share one GIL)"));
   if (collating > kBusyShare)
     return "collation is the bottleneck (" + std::to_string(num_threads) +
            " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";

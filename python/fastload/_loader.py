@@ -16,6 +16,7 @@ from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._dataloader_args import refuse_dataloader_args
 from ._python_source import PythonSource
+from ._workers import WorkerProcesses
 from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
 from ._state import check_state, make_state
 from ._stats import LoaderStats
@@ -195,8 +196,15 @@ class Loader:
         self._order, self._even = order, even
         self._num_threads = threads
         self._names = list(layout.names)
+        self._native = native
+        self._workers: WorkerProcesses | None = None
+        if workers == "processes":
+            if self._device.type == "cuda":
+                raise NotImplementedError("workers='processes' with a CUDA device is not built yet: use "
+                                          "workers='threads', or device='cpu' and move batches yourself")
+            self._workers = WorkerProcesses(source, threads)  # pickles the dataset now: errors come early
         self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
-                                 self._streams)
+                                 self._streams, self._workers.memory if self._workers else None)
         if timeout:
             self._engine.set_timeout(float(timeout))
         self._run: Any = None  # the running epoch (_C.Epoch)
@@ -308,6 +316,9 @@ class Loader:
                 epoch, start = self._last_epoch + 1, 0
             if self._run is not None:
                 self._run.superseded = True
+            if self._workers is not None and not self._workers.started:
+                fds, pids = self._workers.start()
+                _C._attach_workers(self._native, fds, pids, self._workers.memory)
             run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
             self._run_start = start
             self._pending = None
@@ -398,7 +409,12 @@ class Loader:
                 return
             if self._run is not None:
                 self._run.superseded = True
+        workers, self._workers = getattr(self, "_workers", None), None
+        if workers is not None:
+            workers.shutdown_sockets()  # threads waiting on a worker wake up now
         engine.close()  # in a forked child this leaves the parent's threads alone
+        if workers is not None:
+            workers.stop()
 
     def __enter__(self) -> "Loader":
         return self

@@ -241,6 +241,11 @@ class PythonSource:
     def collates(self) -> bool:
         return self._collate is not None
 
+    def worker_payload(self) -> tuple:
+        """What a worker process needs to build batches as this source does (pickled once)."""
+        return (self._dataset, self._getitems is not None, self._collate, self._worker_init, self._leaves, self._tree,
+                self._size)
+
     def native_source(self) -> Any:
         return _C.PythonSource(self._dataset, self._getitems, self._collate, self._worker_init, self._leaves,
                                self._tree, self._size)

@@ -1,0 +1,108 @@
+"""The worker process of workers="processes" (spawned, persistent across epochs). It receives the
+dataset once, then batch requests from its collation thread in the main process (the wire format
+is in csrc/bindings/process_workers.h): the sample ids, and where each part of the batch lives in
+the main process's shared memory. It calls the dataset and writes every sample straight into those
+parts with the same native writer the thread workers use, and replies with only what is not an
+array (lists of strings and the like, pickled) or the error."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pickle
+import signal
+import socket
+import struct
+import traceback
+from typing import Any
+
+_HEAD = struct.Struct("=IIQqqqII")  # kind, parts, seed, epoch, step, count, new, freed
+_REPLY = struct.Struct("=QII")      # length, status, message bytes
+_MAX_FDS = 4096
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        data = sock.recv(n - got)
+        if not data:
+            return None
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+def _reply(sock: socket.socket, status: int, message: bytes, payload: bytes) -> None:
+    sock.sendall(_REPLY.pack(_REPLY.size + len(message) + len(payload), status, len(message)) + message + payload)
+
+
+def _failure(e: BaseException) -> tuple[bytes, bytes]:
+    cause = e.__cause__ if e.__cause__ is not None else e
+    text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    try:
+        pickled = pickle.dumps((cause, text))
+        pickle.loads(pickled)  # an exception that pickles but cannot be rebuilt is sent as text only
+    except Exception:  # noqa: BLE001
+        pickled = pickle.dumps((None, text))
+    return str(e).encode(errors="replace"), pickled
+
+
+def main(conn: Any, index: int, payload: bytes) -> None:
+    # Ctrl-C goes to the whole process group: it is the training loop's to handle; this worker
+    # ends when the main process closes its socket (or dies).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(1)  # as DataLoader workers: N workers must not each start N compute threads
+    from . import _C
+
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    conn.close()
+    try:
+        dataset, use_getitems, collate, worker_init, leaves, tree, size = pickle.loads(payload)
+        getitems = getattr(dataset, "__getitems__", None) if use_getitems else None
+        native = _C._python_source_native(_C.PythonSource(dataset, getitems, collate, worker_init, leaves, tree, size))
+    except BaseException as e:  # noqa: BLE001 - reported to start(), which raises it
+        message, pickled = _failure(e)
+        _reply(sock, 1, b"the dataset could not be set up in the worker: " + message, pickled)
+        return
+    _reply(sock, 2, b"", b"")  # ready: the loader's timeout counts from here, not from interpreter start
+    maps: dict[int, tuple[mmap.mmap, int]] = {}
+    while True:
+        try:
+            head, fds, _, _ = socket.recv_fds(sock, 8, _MAX_FDS, socket.MSG_WAITALL)
+        except OSError:
+            return
+        if len(head) < 8:
+            for fd in fds:
+                os.close(fd)
+            return  # the main process closed the socket: done
+        (length,) = struct.unpack("=Q", head)
+        body = _recv_exact(sock, length - 8)
+        if body is None:
+            return
+        kind, parts, seed, epoch, step, count, new, freed = _HEAD.unpack_from(body, 0)
+        at = _HEAD.size
+        import numpy as np
+
+        ids = np.frombuffer(body, np.int64, count, at)
+        at += 8 * count
+        where = np.frombuffer(body, np.uint64, 2 * parts, at).reshape(parts, 2)
+        at += 16 * parts
+        fresh = np.frombuffer(body, np.uint64, 2 * new, at).reshape(new, 2)
+        at += 16 * new
+        gone = np.frombuffer(body, np.uint64, freed, at)
+        for (segment, size_bytes), fd in zip(fresh.tolist(), fds):
+            mm = mmap.mmap(fd, size_bytes)
+            os.close(fd)
+            maps[segment] = (mm, ctypes.addressof(ctypes.c_char.from_buffer(mm)))
+        for segment in gone.tolist():
+            maps.pop(segment, None)  # unmapped once nothing refers to it (the exported buffer dies with it)
+        try:
+            addresses = [maps[segment][1] + offset for segment, offset in where.tolist()]
+            extras = native.fill_rows(ids, addresses, seed, epoch, step, index)
+            out = b"" if extras is None else pickle.dumps(extras, protocol=pickle.HIGHEST_PROTOCOL)
+            _reply(sock, 0, b"", out)
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the training loop
+            message, pickled = _failure(e)
+            _reply(sock, 1, message, pickled)

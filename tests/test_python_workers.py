@@ -1,0 +1,223 @@
+"""workers="processes": spawned worker processes write samples into shared-memory batch slots.
+Every batch is compared with the thread workers' batches (themselves checked against the dataset
+in test_python_source.py); failures of the dataset and of the workers themselves must reach the
+training loop as clear errors, and no process may outlive its loader."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastload as fl
+
+
+class Records:
+    """Picklable (module level): every leaf kind, the sample's own rng draw, a string."""
+
+    def __init__(self, n=90, die_at=-1, raise_at=-1, kill_at=-1, sleep_at=-1):
+        self.n, self.die_at, self.raise_at, self.kill_at, self.sleep_at = n, die_at, raise_at, kill_at, sleep_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.die_at:
+            os._exit(3)
+        if i == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.raise_at:
+            raise ValueError(f"bad record {i}")
+        if i == self.sleep_at:
+            time.sleep(60)
+        return {"x": np.arange(4, dtype=np.float32) + i, "y": i, "name": f"r{i}", "noise": fl.sample_rng().random(2),
+                "t": torch.full((2,), i, dtype=torch.int16)}
+
+
+def batches(loader):
+    return [b for b in loader]
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], list):
+                assert x[k] == y[k], k
+            else:
+                assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_processes_give_the_batches_threads_give_across_epochs_and_resume():
+    kw = dict(batch_size=8, shuffle=True, seed=7, device="cpu", with_index=True)
+    threads = fl.Loader(Records(), num_workers=2, **kw)
+    procs = fl.Loader(Records(), num_workers=2, workers="processes", **kw)
+    for _ in range(2):  # the workers persist into the second epoch
+        same(batches(procs), batches(threads))
+    pids = procs._workers.pids()
+    assert len(pids) == 2 and all(alive(p) for p in pids)
+    it = iter(procs)
+    head = [next(it) for _ in range(3)]
+    state = procs.state_dict()
+    procs.close()
+    assert not any(alive(p) for p in pids), "close() must reap the worker processes"
+    resumed = fl.Loader(Records(), num_workers=3, workers="processes", **kw)
+    resumed.load_state_dict(state)
+    threads.set_epoch(2)
+    same(head + batches(resumed), batches(threads))
+    resumed.close()
+
+
+def test_collate_fn_and_getitems_run_in_the_workers():
+    procs = fl.Loader(Batched(), 5, device="cpu", workers="processes", num_workers=2, collate_fn=summarise)
+    out = batches(procs)
+    assert [b["pids"] != {os.getpid()} for b in out] == [True] * 4
+    assert sum(b["sum"] for b in out) == sum(range(20))
+    procs.close()
+
+
+class Batched:
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        raise AssertionError("__getitems__ is used")
+
+    def __getitems__(self, ids):
+        return [{"v": int(i), "pid": os.getpid()} for i in ids]
+
+
+def summarise(samples):
+    return {"sum": sum(s["v"] for s in samples), "pids": {s["pid"] for s in samples}}
+
+
+def test_an_exception_in_a_worker_carries_the_index_the_original_type_and_its_traceback():
+    loader = fl.Loader(Records(raise_at=37), 6, device="cpu", workers="processes", num_workers=2)
+    with pytest.raises(fl.SampleError) as e:
+        batches(loader)
+    text = str(e.value)
+    assert "dataset.__getitem__(37) raised ValueError: bad record 37" in text
+    assert "in worker process" in text and "The worker's traceback" in text and "__getitem__" in text
+    assert isinstance(e.value.__cause__, ValueError) and e.value.__cause__.args == ("bad record 37",)
+    loader.close()
+
+
+@pytest.mark.parametrize("how,said", [("die_at", "exited with status 3"), ("kill_at", r"was killed by signal 9 \(SIGKILL\)")])
+def test_a_dying_worker_is_a_clear_error_within_seconds_and_leaves_no_process(how, said):
+    loader = fl.Loader(Records(**{how: 21}), 4, device="cpu", workers="processes", num_workers=2, prefetch=2)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"worker process \d \(pid \d+\) {said} while building the batch of"):
+        batches(loader)
+    assert time.monotonic() - t0 < 30
+    pids = loader._workers.pids()
+    loader.close()
+    assert not any(alive(p) for p in pids)
+
+
+def test_a_sample_that_never_returns_times_out_and_close_ends_its_worker():
+    loader = fl.Loader(Records(sleep_at=10), 4, device="cpu", workers="processes", num_workers=2, timeout=1.0)
+    with pytest.raises(TimeoutError, match=r"batch starting at dataset\[8\] has not come back from worker process "
+                                           r"\d after \d+ ms \(timeout=1 s\)"):
+        batches(loader)
+    pids = loader._workers.pids()
+    t0 = time.monotonic()
+    loader.close()
+    assert time.monotonic() - t0 < 15 and not any(alive(p) for p in pids)
+
+
+def test_a_dataset_that_cannot_be_pickled_is_refused_at_construction():
+    class Local:  # a class defined in a function cannot be pickled by reference
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"v": i}
+
+    with pytest.raises(TypeError, match="pickling it once, and Local cannot be pickled"):
+        fl.Loader(Local(), 1, device="cpu", workers="processes")
+    with pytest.raises(ValueError, match="workers='processes' runs a Python dataset"):
+        fl.Loader(fl.Dataset({"x": np.zeros(3)}), 1, device="cpu", workers="processes")
+    with pytest.raises(NotImplementedError, match="CUDA device is not built yet"):
+        fl.Loader(Records(), 1, device="cuda", workers="processes")
+
+
+def _run(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd=os.path.dirname(__file__))
+
+
+def test_ctrl_c_break_and_exit_with_process_workers_leave_nothing_behind():
+    proc = _run("""
+        import os, signal, threading, time
+        import fastload as fl
+        from test_python_workers import Records
+        if __name__ == "__main__":
+            loader = fl.Loader(Records(n=5000), 8, device="cpu", workers="processes", num_workers=2)
+            pids = []
+            try:
+                for k, b in enumerate(loader):
+                    pids = loader._workers.pids()
+                    if k == 3:
+                        os.kill(os.getpid(), signal.SIGINT)  # the workers ignore it; the loop gets it
+                        time.sleep(1)
+            except KeyboardInterrupt:
+                print("interrupted")
+            for k, b in enumerate(loader):  # the workers survived the Ctrl-C: a new epoch runs
+                if k == 2:
+                    break
+            print("after break")
+            other = fl.Loader(Records(n=5000), 8, device="cpu", workers="processes", num_workers=2)
+            threading.Thread(target=lambda: [None for _ in other], daemon=True).start()
+            time.sleep(4)
+            print("pids", *(pids + other._workers.pids()))
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interrupted" in proc.stdout and "after break" in proc.stdout
+    pids = [int(p) for p in proc.stdout.split("pids")[1].split()]
+    time.sleep(0.5)
+    assert len(pids) == 4 and not any(alive(p) for p in pids), "worker processes outlived the interpreter"
+
+
+class BrokenOnArrival:
+    def __init__(self):
+        self.path = "records.db"  # some state, so that unpickling calls __setstate__
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"v": i}
+
+    def __setstate__(self, state):
+        raise OSError("cannot reopen the database")
+
+
+def test_a_dataset_that_fails_to_unpickle_in_the_worker_is_reported_when_the_workers_start():
+    loader = fl.Loader(BrokenOnArrival(), 2, device="cpu", workers="processes", num_workers=1)
+    with pytest.raises(RuntimeError, match="worker process 0: the dataset could not be set up in the worker: "
+                                           "cannot reopen the database") as e:
+        iter(loader)
+    assert isinstance(e.value.__cause__, OSError)
+    loader.close()
+
+
+def test_the_payload_is_the_dataset_pickled_once():
+    source = fl.PythonSource(Records(n=5))
+    dataset, use_getitems, collate, init, leaves, tree, size = pickle.loads(pickle.dumps(source.worker_payload()))
+    assert isinstance(dataset, Records) and size == 5 and not use_getitems and collate is None and init is None
