@@ -212,3 +212,106 @@ def test_a_gpu_result_reports_and_plots_its_streams(tmp_path: Path) -> None:
     if not _tune.matplotlib_missing():
         result.plot(tmp_path / "gpu.png")  # one panel per stream count
         assert (tmp_path / "gpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------- bad input, before measuring
+def _bad_npys(root: Path) -> dict[str, tuple[Path, str]]:
+    root.mkdir(exist_ok=True)
+    made = {}
+
+    def save(name: str, array: np.ndarray, says: str, pickle: bool = False) -> None:
+        np.save(root / name, array, allow_pickle=pickle)
+        made[name] = (root / name, says)
+
+    (root / "empty.npy").write_bytes(b"")
+    made["empty.npy"] = (root / "empty.npy", "not a readable .npy array")
+    (root / "garbage.npy").write_bytes(b"this is not numpy at all")
+    made["garbage.npy"] = (root / "garbage.npy", "not a readable .npy array")
+    save("strings.npy", np.array(["a", "bb", "ccc"]), "holds <U3 values")
+    save("bytes.npy", np.array([b"a", b"b"]), "holds |S1 values")
+    save("dates.npy", np.array(["2020-01-01"], dtype="datetime64[D]"), "holds datetime64[D] values")
+    save("objects.npy", np.array([1, "a"], dtype=object), "not a readable .npy array", pickle=True)
+    save("no_rows.npy", np.zeros((0, 4), np.float32), "no samples")
+    save("scalar.npy", np.float32(3), "no samples")
+    return made
+
+
+BAD_NPYS = ["empty.npy", "garbage.npy", "strings.npy", "bytes.npy", "dates.npy", "objects.npy", "no_rows.npy",
+            "scalar.npy"]
+
+
+def one_error_line(err: str) -> str:
+    """argparse's usage then exactly one `error:` line; never a traceback."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("python -m fastload tune: error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], err
+    return errors[0]
+
+
+@pytest.mark.parametrize("name", BAD_NPYS)
+def test_a_bad_npy_is_a_usage_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     name: str) -> None:
+    path, says = _bad_npys(tmp_path / "bad")[name]
+    code, out, err = cli(capsys, str(path), "--batch-size", "8", *FAST)
+    assert code == 2 and out == ""
+    line = one_error_line(err)
+    assert name in line and says in line, line
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        fl.tune(path, batch_size=8, seconds=0.01, repeats=1, progress=False)
+
+
+def test_bad_npys_exit_2_with_one_line_from_the_command_line(tmp_path: Path) -> None:
+    made = _bad_npys(tmp_path / "bad")
+    for name in ("empty.npy", "strings.npy"):
+        proc = run_tune(str(made[name][0]), "--batch-size", "8", *FAST)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert made[name][1] in one_error_line(proc.stderr)
+
+
+@pytest.mark.parametrize("option,where,says", [
+    ("--json", "missing/out.json", "the directory"),
+    ("--json", "", "is a directory"),
+    ("--plot", "missing/out.png", "the directory"),
+    ("--plot", "out.xyz", "cannot write .xyz files"),
+])
+def test_outputs_are_checked_before_measuring(npy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              option: str, where: str, says: str) -> None:
+    if option == "--plot" and _tune.matplotlib_missing():
+        says = "matplotlib"
+    import time
+    began = time.perf_counter()
+    # A run that measured first would take 100 s (--seconds 50 x 2 configurations): it must stop at once.
+    code, out, err = cli(capsys, str(npy), "--batch-size", "8", "--seconds", "50", "--repeats", "1", "--threads", "1",
+                         "--prefetch", "2,4", option, str(tmp_path / where))
+    assert time.perf_counter() - began < 20
+    assert code == 2 and out == ""
+    line = one_error_line(err)
+    assert option in line and says in line, line
+
+
+def test_json_and_plot_naming_one_file_are_refused(npy: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    if _tune.matplotlib_missing():
+        pytest.skip("needs matplotlib")
+    code, _, err = cli(capsys, str(npy), "--batch-size", "8", *FAST, "--json", str(tmp_path / "a.png"),
+                       "--plot", str(tmp_path / "a.png"))
+    assert code == 2 and "same file" in one_error_line(err)
+
+
+@pytest.mark.parametrize("case", ["not-a-dataset", "dtype-on-a-directory", "device-file", "fifo"])
+def test_other_bad_sources_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    import os
+    extra: list[str] = []
+    if case == "not-a-dataset":
+        source, says = tmp_path, "manifest.json is missing"
+    elif case == "dtype-on-a-directory":
+        fl.write_dataset(tmp_path / "d", {"x": np.arange(100)})
+        source, says, extra = tmp_path / "d", "--dtype applies to a raw token file", ["--dtype", "uint16"]
+    elif case == "device-file":
+        source, says, extra = Path("/dev/null"), "neither a regular file nor a directory", ["--window", "4"]
+    else:
+        os.mkfifo(tmp_path / "f.npy")
+        source, says = tmp_path / "f.npy", "neither a regular file nor a directory"
+    code, _, err = cli(capsys, str(source), "--batch-size", "8", *FAST, *extra)
+    assert code == 2 and says in one_error_line(err), err

@@ -4,6 +4,7 @@
 // other -> RuntimeError; a collation failure keeps its original type (loader.cpp).
 #include <pybind11/pybind11.h>
 
+#include "bindings/file_mapping.h"
 #include "bindings/register.h"
 
 PYBIND11_MODULE(_C, m) {
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
   fastload::register_loader(m);
   fastload::register_checksum(m);
   fastload::register_testing(m);
+  fastload::register_file_mapping(m);
 }

@@ -193,7 +193,7 @@ def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
 
 
 class _FileBacking(NamedTuple):
-    mapping: mmap.mmap   # the live mapping: size() is the mapped file's size now, even if renamed
+    mapping: Any         # mmap.mmap or _C.FileMapping: size() is the mapped file's size now
     filename: str | None
     mode: str
     offset: int          # file offset of the array's data pointer
@@ -202,11 +202,17 @@ class _FileBacking(NamedTuple):
 
 
 def file_backing(array: np.ndarray) -> _FileBacking | None:
-    """Where a memmap-backed array (a np.memmap, a view of one, np.asarray of one) lies in its
-    file, or None for memory that is not a mapped file."""
+    """Where a memmap-backed array (a np.memmap, a view of one, np.asarray of one, or an array
+    over a fastload._C.FileMapping) lies in its file, or None for memory that is not a mapped file."""
     root = array
-    while isinstance(root, np.ndarray) and not isinstance(root.base, mmap.mmap):
+    while isinstance(root, np.ndarray) and not isinstance(root.base, (mmap.mmap, memoryview)):
         root = root.base
+    if isinstance(root, np.ndarray) and isinstance(root.base, memoryview) and isinstance(root.base.obj, _C.FileMapping):
+        m = root.base.obj  # np.frombuffer keeps a memoryview of the mapping
+        if len(m) == 0:
+            return None  # an empty file: no bytes to read, nothing to check
+        lo, hi = _extent(array.shape, array.strides, array.dtype.itemsize)
+        return _FileBacking(m, m.path, "r", _np_address(array) - m.address, lo, hi)
     if not isinstance(root, np.memmap) or root.base is None:
         return None
     # np.memmap maps from a page boundary and puts its data pointer at file offset `root.offset`.
@@ -298,6 +304,8 @@ def reduce_column(array: Any) -> tuple:
     backing = file_backing(array)
     if backing is not None and backing.filename is not None and backing.hi > backing.lo:
         mode = "r+" if backing.mode == "w+" else backing.mode  # "w+" would truncate the file
+        if isinstance(backing.mapping, _C.FileMapping):
+            mode = "mapped"
         return ("file", backing.filename, mode, backing.offset + backing.lo, backing.hi - backing.lo,
                 -backing.lo, array.dtype, array.shape, array.strides)
     return ("numpy", _reduce_values(array))
@@ -320,6 +328,12 @@ def restore_column(state: tuple) -> Any:
     kind = state[0]
     if kind == "file":
         _, filename, mode, offset, nbytes, start, dtype, shape, strides = state
+        if mode == "mapped":  # was a FileMapping: mapped again the same way, holding no descriptor
+            whole = np.frombuffer(_C.FileMapping(filename), dtype=np.uint8)
+            if offset + nbytes > len(whole):
+                raise ValueError(f"{filename}: {len(whole)} bytes, but the array reads up to byte {offset + nbytes}: "
+                                 "the file was truncated since it was pickled")
+            return np.ndarray(shape, dtype, buffer=whole[offset:offset + nbytes], offset=start, strides=strides)
         mapped = np.memmap(filename, dtype=np.uint8, mode=mode, offset=offset, shape=(nbytes,))
         return np.ndarray(shape, dtype, buffer=mapped, offset=start, strides=strides)
     if kind == "numpy":

@@ -234,9 +234,18 @@ class Windows:
         return array_source(self.column_specs())
 
     def fingerprint(self) -> list[ColumnState]:
+        if self.files is not None:  # from_files: fastload's own mappings; one batched stat per check
+            from ._mapping import TruncationCheck  # noqa: PLC0415
+
+            check = TruncationCheck(self._arrays(), "tokens")
+            check.check()
+            return [check]  # type: ignore[list-item]
         return [column_state(label, a, what="tokens") for label, a in self._arrays()]
 
     def check_fingerprint(self, states: list[ColumnState]) -> None:
+        if self.files is not None and states and not isinstance(states[0], ColumnState):
+            states[0].check()  # type: ignore[attr-defined]
+            return
         for state, (_, a) in zip(states, self._arrays()):
             check_column_state(state, a, what="tokens")
 

@@ -259,14 +259,19 @@ def open_source(path: str | os.PathLike[str], window: tuple[int, int] | None = N
     if p.is_dir():
         if window is not None:
             raise ValueError("--window applies to a token file, not to a dataset directory")
+        if dtype is not None:
+            raise ValueError("--dtype applies to a raw token file, not to a dataset directory (its manifest "
+                             "records every column's dtype)")
         return Dataset.open(p)
-    if not p.is_file():
+    if not p.exists():
         raise ValueError(f"no such file or directory: {str(p)!r}")
+    if not p.is_file():
+        raise ValueError(f"{str(p)!r} is neither a regular file nor a directory")
     if p.suffix == ".npy":
+        array = _load_npy(p)
         if dtype is not None:
             raise ValueError(f"--dtype applies to a raw token file; {p.name} is a .npy file, which carries its dtype "
-                             f"({np.load(p, mmap_mode='r').dtype})")
-        array = np.load(p, mmap_mode="r")
+                             f"({array.dtype})")
         if window is None:
             return Dataset({"x": array})
         if array.ndim != 1:
@@ -284,6 +289,37 @@ def open_source(path: str | os.PathLike[str], window: tuple[int, int] | None = N
                          f"({token_dtype.itemsize} bytes each); is --dtype right?")
     tokens = np.memmap(p, dtype=token_dtype, mode="r")
     return Windows(tokens, length=window[0], stride=window[1])
+
+
+def _load_npy(p: Path) -> np.ndarray:
+    """A .npy file memory-mapped, or ValueError saying why it cannot be a source (np.load raises
+    EOFError on an empty file, and accepts dtypes fastload cannot load)."""
+    try:
+        array = np.load(p, mmap_mode="r", allow_pickle=False)
+    except (EOFError, ValueError, OSError, TypeError) as e:
+        raise ValueError(f"{p.name} is not a readable .npy array ({type(e).__name__}: {e or 'empty file'})") from None
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{p.name} is not a .npy array")
+    if array.dtype.kind not in "iufcb":
+        raise ValueError(f"{p.name} holds {array.dtype} values; fastload loads bool and numeric arrays")
+    if array.ndim == 0 or array.shape[0] == 0:
+        raise ValueError(f"{p.name} has shape {array.shape}: no samples to load")
+    return array
+
+
+def _check_output(option: str, path: Path, suffixes: Sequence[str] | None = None) -> None:
+    """Refuses an output path that cannot be written, before any time is spent measuring."""
+    import argparse
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{option} {path}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{option} {path}: not writable")
+    if suffixes is not None and path.suffix and path.suffix[1:].lower() not in suffixes:
+        raise argparse.ArgumentTypeError(f"{option} {path}: matplotlib cannot write {path.suffix} files "
+                                         f"(it writes {', '.join('.' + x for x in sorted(suffixes))})")
 
 
 def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: Any) -> tuple[Dataset | Windows, str]:
@@ -663,6 +699,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = matplotlib_missing()
         if missing:
             parser.error(f"--plot: {missing}")
+    # Every output is checked before measuring: a result must never be lost at the end of a run.
+    try:
+        if args.json is not None:
+            _check_output("--json", args.json)
+        if args.plot is not None:
+            from matplotlib.figure import Figure
+            _check_output("--plot", args.plot, list(Figure().canvas.get_supported_filetypes()))
+            if args.json is not None and args.json.resolve() == args.plot.resolve():
+                parser.error(f"--json and --plot name the same file: {args.json}")
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
     if args.device is not None:
         try:
             kind = torch.device(args.device).type
@@ -678,14 +725,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"(got --streams {','.join(map(str, args.streams))})")
     try:
         source = open_source(args.source, args.window, args.dtype)
-    except (ValueError, OSError) as e:
+    except (ValueError, TypeError, OSError) as e:
         parser.error(f"SOURCE {args.source}: {e}")
 
     try:
         result = tune(source, args.batch_size, threads=args.threads, prefetch=args.prefetch, streams=args.streams,
                       device=args.device, seconds=args.seconds, repeats=args.repeats,
                       progress=not args.no_progress)
-    except ValueError as e:  # e.g. a batch or prefetch the loader refuses for this source
+    except (ValueError, TypeError, MemoryError) as e:  # e.g. a batch or prefetch the loader refuses here
         parser.error(str(e))
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ._arguments import INT64_MAX
 from ._columns import ColumnSpec, describe_array
+from ._mapping import array_of, map_file
 
 
 @dataclass
@@ -99,13 +100,12 @@ def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] =
     row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
     arrays = []
     for p in paths:
-        size = os.stat(p).st_size  # FileNotFoundError names the file
+        # Mapped without keeping a descriptor (fastload._C.FileMapping): np.memmap keeps one per
+        # file, and 1,500 files then fail under the usual `ulimit -n 1024`.
+        mapping = map_file(os.fspath(p))  # OSError names the file
+        size = len(mapping)
         if row == 0 or size % row:
             raise ValueError(f"{os.fspath(p)}: {size} bytes is not a whole number of rows of {row} bytes "
                              f"({dt} x {shape})")
-        rows = size // row
-        if rows == 0:  # an empty file cannot be mapped; it holds no windows
-            arrays.append(np.empty((0,) + shape, dtype=dt))
-        else:
-            arrays.append(np.memmap(p, dtype=dt, mode="r", shape=(rows,) + shape))
+        arrays.append(array_of(mapping, dt, 0, (size // row,) + shape))  # an empty file: no windows
     return arrays

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
@@ -18,7 +17,9 @@ import torch
 from . import _C
 from ._dataset import _as_int
 from ._disk import CHECKSUM, FORMAT, MANIFEST, VERSION
+from ._manifest import Bad, check_names
 from ._ragged import Ragged
+from ._replace import check_replaceable, clean_leftovers, publish, temporary_name
 
 _SHARD_BYTES = 64 << 20  # default shard size when rows_per_shard is not given
 _BUFFER = 1 << 20
@@ -213,14 +214,19 @@ class DatasetWriter:
         for n, flag in (("overwrite", overwrite), ("checksum", checksum), ("fsync", fsync)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{n} must be a bool, got {flag!r}")
-        if os.path.exists(self.path) and not overwrite:
-            raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
         parent, base = os.path.split(self.path)
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"{parent}: the parent directory of the dataset does not exist")
+        if not base:
+            raise ValueError(f"refusing to write a dataset at {self.path}: it is the filesystem root")
+        clean_leftovers(parent, base, self.path)
+        if os.path.lexists(self.path) and not overwrite:
+            raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
+        if overwrite:
+            check_replaceable(self.path)  # before writing anything: only a dataset is ever replaced
         self.rows_per_shard = rows_per_shard
         self._overwrite, self._checksum, self._fsync = overwrite, checksum, fsync
-        self._tmp = os.path.join(parent, f".{base}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        self._tmp = temporary_name(parent, base)
         os.mkdir(self._tmp)
         self._columns: list[_Column] | None = None
         self._shards: list[dict[str, Any]] = []
@@ -249,6 +255,10 @@ class DatasetWriter:
                 if not isinstance(name, str) or not name:
                     raise TypeError(f"column names must be non-empty strings, got {name!r}")
             self._columns = [_Column(name, i, v) for i, (name, v) in enumerate(chunk.items())]
+            try:  # the rule Dataset and Dataset.open apply: a batch key must mean one thing
+                check_names([c.name for c in self._columns], [c.ragged for c in self._columns])
+            except Bad as e:
+                raise ValueError(f"column name {e.message}") from None
             dirs = [c.dir for c in self._columns]
             if len(set(dirs)) != len(dirs):
                 raise ValueError(f"column names {list(chunk)} map to the same directory")
@@ -378,21 +388,7 @@ class DatasetWriter:
                 os.close(fd)
 
     def _publish(self) -> None:
-        old = None
-        if os.path.exists(self.path):
-            if not self._overwrite:
-                raise FileExistsError(f"{self.path} appeared while writing; the new dataset is discarded")
-            old = self._tmp + ".old"
-            os.rename(self.path, old)
-        os.rename(self._tmp, self.path)
-        if self._fsync:
-            fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        publish(self._tmp, self.path, self._overwrite, self._fsync)
 
     def abort(self) -> None:
         """Discards everything written; `path` is left as it was."""

@@ -1,0 +1,168 @@
+// FileMapping: a whole file mapped read-only. Python's mmap.mmap (and np.memmap, which uses it)
+// keeps a duplicate of the file's descriptor for as long as the mapping lives, so 100,000 mapped
+// shards need 100,000 descriptors and fail under the usual `ulimit -n 1024`. A mapping does not
+// need its descriptor after mmap(): this one opens, fstats, maps and closes at once, exposes the
+// bytes through the buffer protocol (np.frombuffer keeps the object alive) and unmaps when the
+// last reference dies.
+//
+// FileSet: (st_dev, st_ino, st_mtime_ns, st_size) of many paths in one call without the GIL, so
+// the per-iter() check that no shard was truncated or replaced costs a stat per file and no
+// Python per file.
+#include "bindings/file_mapping.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace fastload {
+namespace {
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+[[noreturn]] void raise_errno(int err, const std::string& path) {
+  errno = err;
+  PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+  throw py::error_already_set();
+}
+
+class FileMapping {
+ public:
+  explicit FileMapping(std::string path) : path_(std::move(path)) {
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) raise_errno(errno, path_);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      raise_errno(err, path_);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw py::value_error(path_ + ": not a regular file; only regular files can be mapped");
+    }
+    dev_ = static_cast<int64_t>(st.st_dev);
+    ino_ = static_cast<int64_t>(st.st_ino);
+    mtime_ns_ = mtime_ns(st);
+    length_ = static_cast<size_t>(st.st_size);
+    if (length_ > 0) {
+      void* p = ::mmap(nullptr, length_, PROT_READ, MAP_SHARED, fd, 0);
+      const int err = errno;
+      ::close(fd);
+      if (p == MAP_FAILED) raise_errno(err, path_);
+      addr_ = p;
+    } else {
+      ::close(fd);  // an empty file maps to an empty buffer
+    }
+  }
+  ~FileMapping() {
+    if (addr_ != nullptr) ::munmap(addr_, length_);
+  }
+  FileMapping(const FileMapping&) = delete;
+  FileMapping& operator=(const FileMapping&) = delete;
+
+  // The mapped file's size now: a stat of the path, if the path still names the mapped file.
+  // A file replaced by another (renamed over) keeps the mapped one alive, unchanged in size.
+  int64_t size() const {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0 && static_cast<int64_t>(st.st_dev) == dev_ &&
+        static_cast<int64_t>(st.st_ino) == ino_) {
+      return static_cast<int64_t>(st.st_size);
+    }
+    return static_cast<int64_t>(length_);
+  }
+
+  py::buffer_info buffer() {
+    static std::byte empty{};
+    void* p = addr_ != nullptr ? addr_ : static_cast<void*>(&empty);
+    return py::buffer_info(p, 1, py::format_descriptor<uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(length_)}, {static_cast<py::ssize_t>(1)},
+                           /*readonly=*/true);
+  }
+
+  const std::string& path() const { return path_; }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(addr_); }
+  int64_t length() const { return static_cast<int64_t>(length_); }
+  py::tuple identity() const {
+    return py::make_tuple(dev_, ino_, mtime_ns_, static_cast<int64_t>(length_));
+  }
+
+ private:
+  std::string path_;
+  void* addr_ = nullptr;
+  size_t length_ = 0;
+  int64_t dev_ = 0, ino_ = 0, mtime_ns_ = 0;
+};
+
+class FileSet {
+ public:
+  explicit FileSet(std::vector<std::string> paths) : paths_(std::move(paths)) {}
+
+  // One row per path: (st_dev, st_ino, st_mtime_ns, st_size), or (-1, errno, 0, -1) when the
+  // stat fails. Regular files only: anything else reads as (-1, EINVAL, 0, -1).
+  py::array_t<int64_t> stat() const {
+    const size_t n = paths_.size();
+    py::array_t<int64_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(4)});
+    int64_t* row = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      for (size_t i = 0; i < n; ++i, row += 4) {
+        struct stat st {};
+        int err = 0;
+        if (::stat(paths_[i].c_str(), &st) != 0) {
+          err = errno;
+        } else if (!S_ISREG(st.st_mode)) {
+          err = EINVAL;
+        }
+        if (err != 0) {
+          row[0] = -1, row[1] = err, row[2] = 0, row[3] = -1;
+          continue;
+        }
+        row[0] = static_cast<int64_t>(st.st_dev);
+        row[1] = static_cast<int64_t>(st.st_ino);
+        row[2] = mtime_ns(st);
+        row[3] = static_cast<int64_t>(st.st_size);
+      }
+    }
+    return out;
+  }
+  size_t size() const { return paths_.size(); }
+
+ private:
+  std::vector<std::string> paths_;
+};
+
+}  // namespace
+
+void register_file_mapping(py::module_& m) {
+  py::class_<FileMapping, std::shared_ptr<FileMapping>>(m, "FileMapping", py::buffer_protocol(),
+                                                        "A file mapped read-only, holding no descriptor")
+      .def(py::init<std::string>(), py::arg("path"))
+      .def_buffer(&FileMapping::buffer)
+      .def("size", &FileMapping::size, "the mapped file's size now (stat of its path)")
+      .def("__len__", &FileMapping::length)
+      .def_property_readonly("path", &FileMapping::path)
+      .def_property_readonly("address", &FileMapping::address, "where byte 0 is mapped (0 if empty)")
+      .def_property_readonly("identity", &FileMapping::identity,
+                             "(st_dev, st_ino, st_mtime_ns, st_size) when mapped");
+  py::class_<FileSet>(m, "FileSet", "Many paths, stat'ed in one call")
+      .def(py::init<std::vector<std::string>>(), py::arg("paths"))
+      .def("stat", &FileSet::stat)
+      .def("__len__", &FileSet::size);
+}
+
+}  // namespace fastload
