@@ -30,6 +30,11 @@ class _Every:
         self.interval, self.armed, self.count = interval, False, 0
 
     def __enter__(self):
+        # A handler runs wherever the interpreter is: with gc on, inside a gc callback that another
+        # library registered (hypothesis does), where a raise is "ignored" and fails the test.
+        self.gc_was_enabled = gc.isenabled()
+        gc.disable()
+
         def handler(signum, frame):
             if self.armed:  # disarmed before raising: a second signal cannot hit the except block
                 self.armed = False
@@ -42,6 +47,8 @@ class _Every:
     def __exit__(self, *exc):
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         signal.signal(signal.SIGALRM, self.old)
+        if self.gc_was_enabled:
+            gc.enable()
 
 
 def step_loop(it, irq: _Every, steps: int) -> list[int]:
@@ -119,6 +126,11 @@ class _RaiseOnUsr1:
     """A preemption handler that raises, installed for the block."""
 
     def __enter__(self):
+        # A handler runs wherever the interpreter is: with gc on, inside a gc callback that another
+        # library registered (hypothesis does), where a raise is "ignored" and fails the test.
+        self.gc_was_enabled = gc.isenabled()
+        gc.disable()
+
         def handler(signum, frame):
             raise KeyboardInterrupt
         self.old = signal.signal(signal.SIGUSR1, handler)

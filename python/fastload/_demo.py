@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 import fastload as fl
+from fastload._cli import ProgressLine, check_device, positive_float, positive_int
 
 _FILES = {"x": "demo_features.npy", "y": "demo_labels.npy"}
 _META = "demo_meta.json"
@@ -49,26 +49,6 @@ _EXIT_INTERRUPTED = 130  # the shell convention for "ended by SIGINT"
 
 
 # ---------------------------------------------------------------------------- arguments
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fastload",
@@ -79,11 +59,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                "num_threads/prefetch on your own data).",
     )
     data = parser.add_argument_group("dataset")
-    data.add_argument("--samples", type=_positive_int, default=200_000, metavar="N",
+    data.add_argument("--samples", type=positive_int, default=200_000, metavar="N",
                       help="rows in the dataset (default: %(default)s)")
-    data.add_argument("--features", type=_positive_int, default=256, metavar="F",
+    data.add_argument("--features", type=positive_int, default=256, metavar="F",
                       help="features per row (default: %(default)s)")
-    data.add_argument("--classes", type=_positive_int, default=10, metavar="C",
+    data.add_argument("--classes", type=positive_int, default=10, metavar="C",
                       help="label classes, at least 2 (default: %(default)s)")
     data.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                       help="storage dtype of the features (float16 halves the bytes read and moved; "
@@ -93,23 +73,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                            "(default: a temporary folder removed at exit)")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=_positive_int, default=400, metavar="N",
+    train.add_argument("--steps", type=positive_int, default=400, metavar="N",
                        help="optimizer steps; epochs are cycled with set_epoch as needed (default: %(default)s)")
-    train.add_argument("--batch-size", type=_positive_int, default=512, metavar="B",
+    train.add_argument("--batch-size", type=positive_int, default=512, metavar="B",
                        help="samples per step (default: %(default)s)")
-    train.add_argument("--hidden", type=_positive_int, default=512, metavar="H",
+    train.add_argument("--hidden", type=positive_int, default=512, metavar="H",
                        help="width of the MLP's two hidden layers (default: %(default)s)")
-    train.add_argument("--lr", type=_positive_float, default=1e-3, help="Adam learning rate (default: %(default)s)")
+    train.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate (default: %(default)s)")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the data, the model and the shuffle order (default: %(default)s)")
 
     loader = parser.add_argument_group("loader")
-    loader.add_argument("--threads", type=_positive_int, default=None, metavar="T",
+    loader.add_argument("--threads", type=positive_int, default=None, metavar="T",
                         help="collation threads (default: the CPUs this process may use)")
-    loader.add_argument("--prefetch", type=_positive_int, default=None, metavar="P",
+    loader.add_argument("--prefetch", type=positive_int, default=None, metavar="P",
                         help="batches in flight (default: the loader's: a 16 MiB budget, at most 32, "
                              "at least one per thread)")
-    loader.add_argument("--streams", type=_positive_int, default=1, metavar="S",
+    loader.add_argument("--streams", type=positive_int, default=1, metavar="S",
                         help="copy streams per GPU (default: %(default)s; no effect on the CPU)")
     loader.add_argument("--device", default=None, metavar="DEV",
                         help="'cpu', 'cuda' or 'cuda:N' (default: cuda:LOCAL_RANK if a GPU is usable, else cpu)")
@@ -129,23 +109,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     report.add_argument("--no-progress", action="store_true",
                         help="no progress bar; print a line every --log-every steps instead "
                              "(also the behaviour when stderr is not a terminal)")
-    report.add_argument("--log-every", type=_positive_int, default=None, metavar="N",
+    report.add_argument("--log-every", type=positive_int, default=None, metavar="N",
                         help="steps between progress lines without a bar (default: steps/10)")
     args = parser.parse_args(argv)
     if args.classes < 2:
         parser.error("--classes must be at least 2")
     if args.seed < 0:
         parser.error("--seed must be non-negative")
-    if args.device is not None:
-        # Caught here, before time goes into writing the dataset; the Loader checks the rest.
-        try:
-            kind = torch.device(args.device).type
-        except (RuntimeError, ValueError):
-            kind = None
-        if kind not in ("cpu", "cuda"):
-            parser.error(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {args.device!r}")
-        if kind == "cuda" and not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: no usable CUDA GPU is present")
+    check_device(parser, args.device)  # before time goes into writing the dataset
     return args
 
 
@@ -320,43 +291,28 @@ def _mean(losses: Sequence[torch.Tensor]) -> float:
 
 
 class Progress:
-    """A one-line bar redrawn with \\r on a terminal; otherwise a plain line every `every` steps."""
+    """A one-line bar redrawn in place on a terminal; otherwise a plain line every `every` steps."""
 
     def __init__(self, total: int, stream: TextIO, bar: bool, every: int):
-        self.total, self.stream, self.bar, self.every = total, stream, bar, every
-        self._drawn = False
-        self._last_draw = 0.0
+        self.total, self.stream, self.every = total, stream, every
+        self.line = ProgressLine(stream, _REDRAW_S) if bar else None
 
     def update(self, stats: Stats, loss: torch.Tensor) -> None:
         done = stats.steps == self.total
-        if self.bar:
-            now = time.perf_counter()
-            if done or now - self._last_draw >= _REDRAW_S:
-                self._last_draw = now
-                self._draw(stats, float(loss))
+        if self.line is not None:
+            self.line.draw(stats.steps, self.total, f"{stats.steps}/{self.total}  {self._status(stats, float(loss))}",
+                           force=done)
         elif done or stats.steps % self.every == 0:
             print(f"step {stats.steps}/{self.total}  {self._status(stats, float(loss))}", file=self.stream, flush=True)
 
     def close(self) -> None:
         """Ends the bar's line so that what follows starts on a fresh one."""
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
+        if self.line is not None:
+            self.line.close()
 
     @staticmethod
     def _status(stats: Stats, loss: float) -> str:
         return f"loss {loss:.3f}  {stats.rate():,.0f} samples/s  data wait {100 * stats.wait_share():.1f}%"
-
-    def _draw(self, stats: Stats, loss: float) -> None:
-        width = shutil.get_terminal_size((80, 20)).columns - 1  # one short: never wrap the line
-        text = f" {stats.steps}/{self.total}  {self._status(stats, loss)}"
-        cells = max(10, min(40, width - len(text) - 3))
-        filled = cells * stats.steps // self.total
-        line = f"[{'#' * filled}{'.' * (cells - filled)}]{text}"
-        self.stream.write("\r" + line[:width].ljust(width))
-        self.stream.flush()
-        self._drawn = True
 
 
 def train(batches: Iterator[dict[str, torch.Tensor]], device: torch.device, model: torch.nn.Module,

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence, TextIO, Union
 import numpy as np
 import torch
 
+from ._cli import ProgressLine, check_device, int_list, positive_float, positive_int
 from ._source import Source, batch_bytes_of
 from ._dataset import Dataset, Windows
 from ._loader import Loader
@@ -442,10 +443,10 @@ class _Progress:
 
     def __init__(self, total: int, rounds: int, stream: TextIO | None):
         self.total, self.rounds, self.stream = total, rounds, stream
-        self.bar = stream is not None and bool(getattr(stream, "isatty", lambda: False)())
+        tty = stream is not None and bool(getattr(stream, "isatty", lambda: False)())
+        self.line = ProgressLine(stream, _REDRAW_S) if tty else None
         self.done = 0
         self.began = time.perf_counter()
-        self._drawn = 0.0
 
     def update(self, round_index: int, knobs: tuple[int, int, int], gpu: bool) -> None:
         self.done += 1
@@ -454,21 +455,13 @@ class _Progress:
         elapsed = time.perf_counter() - self.began
         left = elapsed / self.done * (self.total - self.done)
         per_round = self.total // self.rounds
-        if self.bar:
-            now = time.perf_counter()
-            if self.done < self.total and now - self._drawn < _REDRAW_S:
-                return
-            self._drawn = now
-            cells = 30
-            filled = cells * self.done // self.total
+        if self.line is not None:
             streams = f" streams={knobs[2]}" if gpu else ""
-            text = (f"[{'#' * filled}{'.' * (cells - filled)}] {self.done}/{self.total}  round "
-                    f"{round_index + 1}/{self.rounds}  threads={knobs[0]} prefetch={knobs[1]}{streams}  "
-                    f"~{left:.0f} s left")
-            self.stream.write("\r" + text.ljust(79))
+            self.line.draw(self.done, self.total,
+                           f"{self.done}/{self.total}  round {round_index + 1}/{self.rounds}  threads={knobs[0]} "
+                           f"prefetch={knobs[1]}{streams}  ~{left:.0f} s left", force=self.done == self.total)
             if self.done == self.total:
-                self.stream.write("\n")
-            self.stream.flush()
+                self.line.close()
         elif self.done % per_round == 0:
             print(f"tune: round {self.done // per_round}/{self.rounds} done ({per_round} configurations, "
                   f"{elapsed:.1f} s elapsed, ~{left:.0f} s left)", file=self.stream, flush=True)
@@ -609,39 +602,6 @@ def _window(text: str) -> tuple[int, int]:
     return (parts[0], parts[-1])
 
 
-def _int_list(text: str) -> list[int]:
-    import argparse
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
-    return sorted(set(values))
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    import argparse
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _dtype(text: str) -> np.dtype:
     import argparse
     try:
@@ -666,27 +626,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("source", metavar="SOURCE",
                         help="a .npy file (memory-mapped), a raw token file such as train.bin (needs --window), "
                              "or a dataset directory (read with fl.Dataset.open)")
-    parser.add_argument("--batch-size", type=_positive_int, required=True, metavar="B",
+    parser.add_argument("--batch-size", type=positive_int, required=True, metavar="B",
                         help="samples per batch, as you train with")
     parser.add_argument("--window", type=_window, default=None, metavar="L[:STRIDE]",
                         help="token windows of L tokens every STRIDE (default STRIDE=L) tokens: for a token file, "
                              "or a .npy of 1-D tokens")
     parser.add_argument("--dtype", type=_dtype, default=None,
                         help="the tokens' dtype in a raw token file (default: uint16)")
-    parser.add_argument("--threads", type=_int_list, default=None, metavar="T,T,...",
+    parser.add_argument("--threads", type=int_list, default=None, metavar="T,T,...",
                         help="num_threads values (default: 1,2,4,... up to the usable CPUs, and their count: "
                              f"{','.join(map(str, default_threads()))} here)")
-    parser.add_argument("--prefetch", type=_int_list, default=None, metavar="P,P,...",
+    parser.add_argument("--prefetch", type=int_list, default=None, metavar="P,P,...",
                         help="prefetch values (default: " + ",".join(map(str, DEFAULT_PREFETCH)) +
                              ", without those whose loader memory, (prefetch + 2) batches, exceeds 1 GiB)")
-    parser.add_argument("--streams", type=_int_list, default=None, metavar="S,S,...",
+    parser.add_argument("--streams", type=int_list, default=None, metavar="S,S,...",
                         help="copy streams per GPU (GPU only; default: " + ",".join(map(str, DEFAULT_STREAMS)) + ")")
     parser.add_argument("--device", default=None, metavar="DEV",
                         help="'cpu', 'cuda' or 'cuda:N' (default: a GPU if one is usable, else cpu)")
-    parser.add_argument("--seconds", type=_positive_float, default=None, metavar="S",
+    parser.add_argument("--seconds", type=positive_float, default=None, metavar="S",
                         help="measuring time per configuration and round (default: about 40 s spread over "
                              "the grid, 0.25 to 1 s each)")
-    parser.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="R",
+    parser.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS, metavar="R",
                         help="rounds over the whole grid, each in a new random order; the median counts "
                              "(default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the results as JSON")
@@ -710,15 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error(f"--json and --plot name the same file: {args.json}")
     except argparse.ArgumentTypeError as e:
         parser.error(str(e))
-    if args.device is not None:
-        try:
-            kind = torch.device(args.device).type
-        except (RuntimeError, ValueError):
-            kind = None
-        if kind not in ("cpu", "cuda"):
-            parser.error(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {args.device!r}")
-        if kind == "cuda" and not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: no usable CUDA GPU is present")
+    check_device(parser, args.device)
     gpu = (torch.device(args.device).type == "cuda") if args.device else torch.cuda.is_available()
     if args.streams is not None and not gpu and args.streams != [1]:
         parser.error(f"--streams: copy streams apply to a GPU device; this run is on the CPU "
