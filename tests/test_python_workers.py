@@ -194,6 +194,39 @@ def test_ctrl_c_break_and_exit_with_process_workers_leave_nothing_behind():
     assert len(pids) == 4 and not any(alive(p) for p in pids), "worker processes outlived the interpreter"
 
 
+class Slow:
+    """Picklable: every sample takes 20 ms, so a batch is always being built when the loader closes."""
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return {"v": i}
+
+
+def test_closing_while_workers_build_batches_is_silent_and_ends_them():
+    # Workers replying to a loader that has just closed their socket must leave quietly: a
+    # BrokenPipeError traceback from every worker on the user's stderr at each close() is noise.
+    proc = _run("""
+        import time
+        import fastload as fl
+        from test_python_workers import Slow
+        if __name__ == "__main__":
+            for _ in range(2):
+                loader = fl.Loader(Slow(), 8, device="cpu", workers="processes", num_workers=2)
+                next(iter(loader))
+                pids = loader._workers.pids()
+                loader.close()  # both workers are inside a batch now
+            time.sleep(0.5)
+            print("pids", *pids)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr[-3000:]
+    pids = [int(p) for p in proc.stdout.split("pids")[1].split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
 class BrokenOnArrival:
     def __init__(self):
         self.path = "records.db"  # some state, so that unpickling calls __setstate__

@@ -101,8 +101,12 @@ def main(conn: Any, index: int, payload: bytes) -> None:
         try:
             addresses = [maps[segment][1] + offset for segment, offset in where.tolist()]
             extras = native.fill_rows(ids, addresses, seed, epoch, step, index)
+            status, message = 0, b""
             out = b"" if extras is None else pickle.dumps(extras, protocol=pickle.HIGHEST_PROTOCOL)
-            _reply(sock, 0, b"", out)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the training loop
-            message, pickled = _failure(e)
-            _reply(sock, 1, message, pickled)
+            status = 1
+            message, out = _failure(e)
+        try:
+            _reply(sock, status, message, out)
+        except OSError:
+            return  # the loader closed while this batch was built (close(), break, exit): nobody waits for it
