@@ -250,6 +250,18 @@ def test_a_dataset_that_fails_to_unpickle_in_the_worker_is_reported_when_the_wor
     loader.close()
 
 
+class DiesOnArrival(BrokenOnArrival):
+    def __setstate__(self, state):
+        os._exit(5)
+
+
+def test_a_worker_that_dies_while_starting_is_named_with_its_exit_code():
+    loader = fl.Loader(DiesOnArrival(), 2, device="cpu", workers="processes", num_workers=2)
+    with pytest.raises(RuntimeError, match=r"worker process 0 \(pid \d+\) exited with code 5 while starting"):
+        iter(loader)
+    loader.close()
+
+
 def test_the_payload_is_the_dataset_pickled_once():
     source = fl.PythonSource(Records(n=5))
     dataset, use_getitems, collate, init, leaves, tree, size = pickle.loads(pickle.dumps(source.worker_payload()))
