@@ -452,6 +452,27 @@ def test_ctrl_c_in_the_loop_and_exit_with_a_thread_still_iterating_are_clean():
     assert "terminate called" not in proc.stderr
 
 
+def test_exit_while_worker_threads_are_inside_torch_ops_is_clean():
+    # A worker thread still inside a torch op when the interpreter finalizes aborts the process
+    # ("terminate called without an active exception") unless it is parked first.
+    proc = _run("""
+        import threading, time, numpy as np, torch, fastload as fl
+        class Heavy:
+            def __len__(self): return 1_000_000
+            def __getitem__(self, i):
+                x = torch.full((128, 128), 0.01)
+                for _ in range(10):
+                    x = torch.tanh(x @ x)
+                return {"x": x[0].numpy(), "s": torch.stack([x[0], x[1]])}
+        loader = fl.Loader(Heavy(), 8, device="cpu", num_workers=2)
+        threading.Thread(target=lambda: [None for _ in loader], daemon=True).start()
+        time.sleep(1.0)
+        print("exiting")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exiting" in proc.stdout and "terminate called" not in proc.stderr
+
+
 def test_a_python_source_through_the_stand_in_gpu_engine():
     proc = _run("""
         import os, sys, gc, numpy as np
