@@ -371,10 +371,15 @@ def _cpu_s(pid: int) -> float:
         return 0.0
 
 
-def _zombie(pid: int) -> bool:
+def _gone(pid: int) -> bool:
+    """Exited (or a zombie), or multiprocessing's resource tracker: started by the first spawn,
+    it stays until exit by design and belongs to no alternative."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
     except (OSError, IndexError):
         return True
 
@@ -462,7 +467,7 @@ def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float
         running.close()
         left: set[int] = set()
         for _ in range(50):  # worker processes need a moment to exit
-            left = {p for p in process_tree() if p not in before and not _zombie(p)}
+            left = {p for p in process_tree() if p not in before and not _gone(p)}
             if not left:
                 break
             time.sleep(0.1)
@@ -557,7 +562,8 @@ def environment() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return (f"- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, git {rev}; "
+    versions.append(f"fastload imported from {os.path.dirname(fastload.__file__)}")
+    return (f"- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, bench at git {rev}; "
             f"{len(os.sched_getaffinity(0))} usable cores ({cpu}); {', '.join(versions)}\n"
             f"- command: `python {' '.join([os.path.relpath(__file__)] + sys.argv[1:])}`")
 

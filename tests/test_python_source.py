@@ -346,6 +346,7 @@ def test_collate_fn_is_the_escape_hatch_and_worker_init_fn_runs_once_per_worker(
         seen.append((worker, threading.get_ident()))
 
     def collate(samples):
+        time.sleep(0.03)  # long enough that the second thread always gets a batch to build (and runs init)
         return {"sum": sum(s["v"] for s in samples), "n": len(samples)}
 
     loader = fl.Loader([{"v": i} for i in range(20)], 5, device="cpu", collate_fn=collate, num_workers=2,

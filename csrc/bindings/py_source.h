@@ -73,6 +73,7 @@ struct BatchExtras {
 };
 
 class WorkerPool;
+struct FieldPath;  // where a value sits in the sample, for error messages (py_source.cpp)
 
 class PythonSource final : public BatchSource {
  public:
@@ -109,7 +110,7 @@ class PythonSource final : public BatchSource {
 
  private:
   void write(const TreeNode& node, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
-             PyObject* objects, const std::string& path) const;
+             PyObject* objects, const FieldPath& path) const;
   void write_leaf(const Leaf& leaf, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
                   PyObject* objects) const;
   pybind11::object build(const TreeNode& node, const std::vector<pybind11::object>& parts, PyObject* objects) const;
@@ -128,8 +129,9 @@ class PythonSource final : public BatchSource {
   struct Call {
     std::atomic<int64_t> id{-1};
     std::atomic<bool> batch{false};  // a whole batch in a worker process, starting at `id`
-    std::atomic<int64_t> since_ns{0};
+    std::atomic<int64_t> since_ns{0};  // CLOCK_MONOTONIC_COARSE
     bool initialized = false;  // worker_init ran on this thread (touched by that thread only)
+    int64_t time_stride = 1;   // every how many samples __getitem__ is timed (that thread only)
   };
   mutable std::mutex calls_mutex_;
   mutable std::vector<std::unique_ptr<Call>> calls_;  // by collation thread; grows under calls_mutex_
