@@ -405,6 +405,25 @@ def test_stats_show_time_in_user_code_apart_from_collation():
     assert fl.Loader(fl.Dataset({"x": np.zeros(8)}), 4, device="cpu").stats().user_s == 0
 
 
+def test_user_time_of_fast_samples_is_estimated_from_some_of_them_and_stays_within_the_batch_time():
+    # Samples of a few µs are timed one in 8 (two clock reads per sample would cost a sixth of a
+    # small sample): the estimate must still be most of the workers' busy time, never more.
+    class Busy:
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            total = 0
+            for k in range(200):  # a few µs of pure Python, the same for every sample
+                total += k * i
+            return {"v": total}
+
+    loader = fl.Loader(Busy(), 64, device="cpu", num_workers=1)
+    list(loader)
+    s = loader.stats()
+    assert 0.5 * s.collation.busy_s <= s.user_s <= s.collation.busy_s + 1e-3, (s.user_s, s.collation.busy_s)
+
+
 def test_breaking_out_and_dropping_the_loader_stop_its_threads():
     from conftest import native_thread_count
 
