@@ -91,10 +91,11 @@ void register_sources(py::module_& m) {
 
   py::class_<BatchLayout, std::shared_ptr<BatchLayout>>(m, "BatchLayout",
                                                         "The parts of a batch: names, types, shapes and sizes.")
-      .def(py::init([](const SourceHandle& s, int64_t max_rows, bool with_index, bool with_valid) {
-             return std::make_shared<BatchLayout>(s.source->schema(), with_index, with_valid, max_rows);
+      .def(py::init([](const SourceHandle& s, int64_t max_rows, bool with_index, bool with_valid, bool with_source) {
+             return std::make_shared<BatchLayout>(s.source->schema(), with_index, with_valid, max_rows, with_source);
            }),
-           py::arg("source"), py::arg("max_rows"), py::arg("with_index"), py::arg("with_valid"))
+           py::arg("source"), py::arg("max_rows"), py::arg("with_index"), py::arg("with_valid"),
+           py::arg("with_source") = false)
       .def_property_readonly("names", &BatchLayout::names)
       .def_property_readonly("parts", [](const BatchLayout& L) { return schema_list(L.parts); })
       .def_property_readonly("part_row_bytes", [](const BatchLayout& L) { return L.part_row_bytes; })

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/batch_layout.h"
+#include "core/batch_plan.h"
 #include "core/batch_source.h"
 #include "core/buffer_pool.h"
 #include "core/sampler.h"
@@ -42,11 +43,15 @@ class CollationError : public std::runtime_error {
 };
 
 struct OutputSpec {
-  EpochPlan plan;
+  std::shared_ptr<const BatchPlan> plan;
   // A native consumer (a device's transfer thread) is woken for every batch, and a batch it
   // takes keeps its window place until it calls retire(); a Python consumer is woken once
   // several batches are ready (one wake-up per several batches), and taking a batch retires it.
   bool native_consumer = false;
+
+  OutputSpec(std::shared_ptr<const BatchPlan> p, bool native = false) : plan(std::move(p)), native_consumer(native) {}
+  OutputSpec(EpochPlan p, bool native = false)
+      : plan(std::make_shared<EpochPlan>(std::move(p))), native_consumer(native) {}
 };
 
 class Pipeline {
@@ -78,7 +83,7 @@ class Pipeline {
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::shared_ptr<BatchSource>& source() const { return source_; }
-  const EpochPlan& plan(int output) const { return outputs_[output]->plan; }
+  const BatchPlan& plan(int output) const { return *outputs_[output]->plan; }
   int64_t taken(int output) const;
   // Batches of `output` built and waiting, in order, for the consumer.
   int64_t ready_count(int output) const;
@@ -92,7 +97,8 @@ class Pipeline {
     Batch batch;
   };
   struct Output {
-    EpochPlan plan;
+    std::shared_ptr<const BatchPlan> plan;
+    const int64_t num_batches;
     bool native_consumer;
     int64_t wake_batch;
     int64_t next_claim = 0;
@@ -101,7 +107,8 @@ class Pipeline {
     int waiting = 0;      // consumers blocked in next()
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
-    Output(EpochPlan p, bool native, int64_t wake) : plan(std::move(p)), native_consumer(native), wake_batch(wake) {}
+    Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake)
+        : plan(std::move(p)), num_batches(plan->num_batches()), native_consumer(native), wake_batch(wake) {}
   };
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now

@@ -18,14 +18,16 @@ from ._dataloader_args import refuse_dataloader_args
 from ._python_source import PythonSource
 from ._workers import WorkerProcesses
 from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
-from ._state import check_state, make_state
+from ._state import check_state, check_stream_state, make_state, make_stream_state
 from ._stats import LoaderStats
+from ._stream import Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
 
 _EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
 _ORDER: tuple[str, ...] = tuple(_C.ORDERS)
 _PARTITION: tuple[str, ...] = tuple(_C.PARTITIONS)
 _WORKERS = ("threads", "processes")
 _MAX_SEED = 2**64 - 1
+_MAX_STEPS = 2**62
 # prefetch=None: as many batches as fit in this budget, at most PREFETCH_MAX, and never fewer
 # than keep every stage busy (see default_prefetch). Small batches come every few µs, and a deeper
 # window lets the consumer take several per wake-up. Large ones want few: batches that fit in
@@ -122,7 +124,8 @@ class Loader:
                  streams: int = 1, with_index: bool = False, partition: str = "samples",
                  num_workers: int | None = None, workers: str = "threads", pad: Any = None, max_length: Any = None,
                  collate_fn: Any = None, worker_init_fn: Any = None, timeout: float | None = None,
-                 pin_memory: bool | None = None, persistent_workers: bool | None = None, **dataloader_args: Any):
+                 pin_memory: bool | None = None, persistent_workers: bool | None = None, steps: int | None = None,
+                 **dataloader_args: Any):
         refuse_dataloader_args(dataloader_args)
         self._batch_size = _as_int("batch_size", batch_size)
         if self._batch_size <= 0:
@@ -137,6 +140,9 @@ class Loader:
             raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
         if even not in _EVEN:
             raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
+        self._steps = None if steps is None else _as_int("steps", steps)
+        if self._steps is not None and not 0 < self._steps <= _MAX_STEPS:
+            raise ValueError(f"steps must be a positive number of batches (at most 2**62), got {self._steps}")
         if prefetch is not None:
             prefetch = _as_int("prefetch", prefetch)
             if prefetch <= 0:
@@ -172,13 +178,17 @@ class Loader:
             if shards < self._world_size:
                 raise ValueError(f"partition='shards' needs at least world_size={self._world_size} non-empty "
                                  f"shards, got {shards}")
+        stream = self._steps is not None
+        if stream:
+            self._check_stream_options(even, partition)
         self._partition = partition
         self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
         check_batch_limits(source, batch_size=self._batch_size, world_size=self._world_size)
         # No batch holds more than min(batch_size, len(source)) rows (the contract's padding never
-        # makes a rank's batch exceed the dataset), so buffers are sized for that.
-        max_rows = min(self._batch_size, len(source))
+        # makes a rank's batch exceed the dataset), so buffers are sized for that. A stream's steps
+        # are always full: a source that runs out starts its next epoch within the batch.
+        max_rows = self._batch_size if stream else min(self._batch_size, len(source))
         native = source.native_source()
         layout = batch_layout(native, max_rows, bool(with_index), even == "mask")
         prefetch_origin = ""
@@ -207,6 +217,12 @@ class Loader:
                                  self._streams, self._workers.memory if self._workers else None)
         if timeout:
             self._engine.set_timeout(float(timeout))
+        # Step-based mode (steps=): the stream, its anchor and its runs (see _stream.py).
+        self._runs: StreamRuns | None = None
+        if stream:
+            self._runs = StreamRuns(Stream(StreamSources.single(source), seed=self._seed, shuffle=self._shuffle,
+                                           order=order), self._steps, len(source))
+        self._run_anchor: Anchor | None = None  # the schedule the running stream run uses
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
         self._run_start = 0  # the running epoch's start position (non-zero after a resume)
@@ -232,6 +248,16 @@ class Loader:
             how = "with collate_fn" if source.collates else "with samples that are not dicts"
             raise ValueError(f"{what} adds 'index'/'valid' to each batch dict; that is not possible {how}: "
                              "return a dict from __getitem__")
+
+    @staticmethod
+    def _check_stream_options(even: str, partition: str) -> None:
+        what = "steps= or a Mix (step-based sampling)"
+        if even == "mask":
+            raise ValueError(f"even='mask' has nothing to mask with {what}: every step is full, a source that runs "
+                             "out starts its next epoch within the batch; use even='pad' (the default)")
+        if partition == "shards":
+            raise ValueError(f"partition='shards' is not available with {what}: a stream deals every step's samples "
+                             "to all ranks; use partition='samples'")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -269,25 +295,80 @@ class Loader:
     def __len__(self) -> int:
         """Batches per epoch that one iterator yields: this rank's batches with iter(); after
         split(devices), each device's batches (the same for every device), until an iter()
-        without split() again. len() of an iterator gives its remaining batches."""
+        without split() again. len() of an iterator gives its remaining batches. With steps=N: N."""
+        if self._runs is not None:
+            if self._steps is not None:
+                return self._steps
+            return self._runs.steps_per_epoch(self._batch_size * self._world_size * self._outputs)
         return self._samplers(self._outputs)[0].num_batches(0)
 
-    def plan(self, epoch: int) -> np.ndarray:
-        """This rank's sample ids for an epoch, in the order its batches hold them (int64)."""
+    def plan(self, epoch: int | None = None, *, steps: tuple[int, int] | None = None) -> np.ndarray:
+        """This rank's sample ids for an epoch, in the order its batches hold them (int64). With
+        steps=N: plan() gives the whole run's, plan(steps=(a, b)) those of global steps [a, b)."""
+        if self._runs is not None:
+            return self._stream_plan(epoch, steps)
+        if steps is not None:
+            raise ValueError("plan(steps=...) is for a loader with steps= (or a Mix); this one runs epochs: plan(epoch)")
+        if epoch is None:
+            raise TypeError("plan() needs the epoch: plan(epoch)")
         epoch = _as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         return self._samplers(1)[0].plan(epoch, 0, memory_limit())
 
+    def _stream_plan(self, epoch: int | None, steps: tuple[int, int] | None) -> np.ndarray:
+        runs = self._runs
+        assert runs is not None
+        g = self._batch_size * self._world_size
+        if self._steps is not None:
+            if epoch is not None:
+                raise ValueError(f"a loader with steps= has no epochs: plan() gives all {self._steps} steps, "
+                                 f"plan(steps=(first, end)) a range; got epoch={epoch!r}")
+            first, end = (0, self._steps) if steps is None else self._step_range(steps)
+        else:
+            if steps is not None:
+                first, end = self._step_range(steps)
+            else:
+                if epoch is None:
+                    raise TypeError("plan() needs the epoch: plan(epoch)")
+                epoch = _as_int("epoch", epoch)
+                if epoch < 0:
+                    raise ValueError(f"epoch must be non-negative, got {epoch}")
+                spe = runs.steps_per_epoch(g)
+                first, end = epoch * spe, (epoch + 1) * spe
+        with self._lock:
+            anchor = runs.stream.anchor_for(g)
+            if first < anchor.origin:
+                raise ValueError(f"steps before {anchor.origin} were scheduled with another global batch size or other "
+                                 f"weights (the schedule was re-anchored there); got steps from {first}")
+            sampler = runs.stream.sampler(anchor, self._batch_size, self._world_size, self._rank)
+        return sampler.plan(first, end, memory_limit())
+
+    @staticmethod
+    def _step_range(steps: Any) -> tuple[int, int]:
+        if not isinstance(steps, (tuple, list)) or len(steps) != 2:
+            raise ValueError(f"steps must be (first, end), a range of global steps, got {steps!r}")
+        first, end = _as_int("steps[0]", steps[0]), _as_int("steps[1]", steps[1])
+        if not 0 <= first <= end <= _MAX_STEPS:
+            raise ValueError(f"steps must be (first, end) with 0 <= first <= end, got {steps!r}")
+        return first, end
+
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iter() run this epoch (from the resumed position, if it is the one
         load_state_dict restored)."""
+        if self._steps is not None:
+            raise ValueError(f"a loader with steps={self._steps} has no epochs: each iter() continues with the next "
+                             "step not handed out yet (state_dict()/load_state_dict() resume anywhere)")
         epoch = _as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self._lock:
+            if self._runs is not None and self._runs.resume is not None and self._runs.resume.epoch == epoch:
+                return
             if self._pending is not None and self._pending[0] == epoch:
                 return
+            if self._runs is not None:
+                self._runs.resume = None
             self._pending = (epoch, 0)
 
     # ------------------------------------------------------------------ iteration
@@ -319,14 +400,36 @@ class Loader:
             if self._workers is not None and not self._workers.started:
                 fds, pids = self._workers.start()
                 _C._attach_workers(self._native, fds, pids, self._workers.memory)
-            run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
-            self._run_start = start
+            if self._runs is not None:
+                run = self._start_stream(len(devices), indices)
+            else:
+                run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
+                self._run_start = start
+                self._last_epoch = epoch
             self._pending = None
             self._run, self._outputs = run, len(devices)
-            self._last_epoch = epoch
             self._replicas = self._world_size * len(devices)
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches)
                     for d, i in enumerate(indices)]
+
+    def _start_stream(self, devices: int, indices: list[int]) -> Any:
+        """Starts the next run of a step-based loader (under self._lock)."""
+        runs = self._runs
+        assert runs is not None
+        replicas = self._world_size * devices
+        stand, rerun = None, None
+        if self._run is not None:
+            stand = Stand(self._run_anchor, _position(self._run, self._outputs))
+            if all(self._run.handed(d) == 0 for d in range(self._outputs)):
+                rerun = (self._run.epoch, self._run_start)
+        epoch, first, end, anchor = runs.start(self._batch_size * replicas, stand=stand,
+                                               pending_epoch=self._pending[0] if self._pending else None,
+                                               rerun=rerun, next_epoch=self._last_epoch + 1)
+        samplers = [runs.stream.sampler(anchor, self._batch_size, replicas, self._rank * devices + d)
+                    for d in range(devices)]
+        run = self._engine.start_stream(samplers, first, end, epoch, self._fail_at_batch, indices)
+        self._run_start, self._run_anchor, self._last_epoch = first, anchor, epoch
+        return run
 
     def _gpu_index(self, device: torch.device) -> int:
         """-1 for the CPU; else the GPU's index, after checking (at the first GPU iter(), never
@@ -362,6 +465,8 @@ class Loader:
         """Where the next batch comes from: counts batches handed out (on every device after
         split), not batches built ahead."""
         with self._lock:
+            if self._runs is not None:
+                return self._stream_state()
             if self._pending is not None:
                 epoch, position = self._pending
             elif self._run is None:
@@ -375,11 +480,50 @@ class Loader:
                               position=position, batch_size=self._batch_size, replicas=self._replicas,
                               partition=self._partition)
 
+    def _stream_state(self) -> dict[str, Any]:
+        runs = self._runs
+        assert runs is not None
+        st = runs.stream
+        if runs.resume is not None:  # loaded, not started yet: the same state back
+            return dict(runs.resume.state)
+        replicas = self._replicas
+        g = self._batch_size * replicas
+        if self._run is None or self._pending is not None:
+            anchor = st.anchor_for(g) if self._run is None else self._run_anchor
+            epoch = 0 if self._steps is not None else (self._pending[0] if self._pending else self._last_epoch + 1)
+            g = anchor.global_batch
+            step = 0 if self._steps is not None else epoch * runs.steps_per_epoch(g)
+            if step < anchor.origin:
+                step = anchor.origin
+        else:
+            anchor = self._run_anchor
+            step = _position(self._run, self._outputs)
+            epoch = self._run.epoch
+            if self._steps is None and _finished(self._run, self._outputs):
+                epoch += 1
+        base, shares = st.quotas(anchor.global_batch, anchor.weights)
+        schedule = {"global_batch_size": anchor.global_batch, "weights": weights_text(anchor.weights),
+                    "origin": anchor.origin, "base_positions": list(anchor.base_positions), "base": base,
+                    "shares": shares, "phase": _C.mix_phase(self._seed)}
+        src = st.sources
+        return make_stream_state(names=list(src.names), num_samples=list(src.lengths), seed=self._seed,
+                                 shuffle=self._shuffle, order=self._order, steps=self._steps, epoch=epoch, step=step,
+                                 batch_size=self._batch_size, replicas=replicas,
+                                 steps_per_epoch=None if self._steps is not None else runs.steps_per_epoch(g),
+                                 schedule=schedule, positions=st.positions(anchor, step),
+                                 weights_given=self._weights_given())
+
+    def _weights_given(self) -> Any:
+        return None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
         another world size or batch size (from the same global sample position)."""
         with self._lock:
             self._check_usable()
+            if self._runs is not None:
+                self._load_stream_state(state)
+                return
             state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order,
                                 partition=self._partition)
             # Whole shards per rank depend on the world size: a mid-epoch state resumes only at the
@@ -392,12 +536,29 @@ class Loader:
                                  "at the same world size")
             self._resume_replicas = saved if self._partition == "shards" else None
             self._seed = int(state["seed"])
-            if self._run is not None:
-                self._run.superseded = True
-                self._run.cancel()
-                self._run = None
+            self._supersede()
             self._pending = (int(state["epoch"]), int(state["position"]))
             self._last_epoch = self._pending[0] - 1
+
+    def _supersede(self) -> None:
+        if self._run is not None:
+            self._run.superseded = True
+            self._run.cancel()
+            self._run = None
+
+    def _load_stream_state(self, state: dict[str, Any]) -> None:
+        runs = self._runs
+        assert runs is not None
+        src = runs.stream.sources
+        parsed = check_stream_state(state, names=list(src.names), num_samples=list(src.lengths),
+                                    shuffle=self._shuffle, order=self._order)
+        self._seed = runs.stream.seed = parsed["seed"]
+        anchor = Anchor(parsed["anchor_batch"], parsed["weights"], parsed["origin"], tuple(parsed["base_positions"]))
+        runs.resume = Resume(parsed["epoch"], parsed["step"], parsed["global_batch"], anchor,
+                             tuple(parsed["positions"]), dict(state))
+        self._supersede()
+        self._pending = None
+        self._last_epoch = parsed["epoch"] - 1
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

@@ -8,7 +8,15 @@
 #include <stdexcept>
 #include <vector>
 
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "core/array_source.h"
+#include "core/engine.h"
 #include "core/mix_schedule.h"
+#include "core/stream_plan.h"
 #include "harness.h"
 
 using namespace fastload;
@@ -160,6 +168,242 @@ TEST_CASE(mix_schedule_refuses_quotas_that_do_not_add_up) {
   CHECK_THROWS(MixSchedule(10, {5, 5}, {0, 0}, M), std::invalid_argument, "phase");
   const MixSchedule ok(10, {3, 6}, {M / 2, M / 2}, 0);
   CHECK_THROWS(ok.extras_before(0, -1), std::out_of_range, "out of range");
+}
+
+// ================================================================ StreamPlan
+
+namespace {
+
+struct StreamCase {
+  std::shared_ptr<const StreamConfig> config;
+  std::vector<int64_t> lengths;
+};
+
+// A stream of `sources` shuffled sources of random lengths (some sharded, some block-ordered).
+StreamCase random_stream(std::mt19937_64& rng, int sources, int64_t batch, int64_t replicas, int64_t rank,
+                         int64_t origin = 0) {
+  for (;;) {
+    const Quotas q = random_quotas(rng, sources, 2 * batch * replicas / sources + 1);
+    if (q.g % replicas != 0) continue;
+    auto c = std::make_shared<StreamConfig>();
+    StreamCase out;
+    int64_t offset = 0;
+    for (int j = 0; j < sources; ++j) {
+      StreamSource src;
+      src.order.num_samples = 1 + static_cast<int64_t>(rng() % 40);
+      src.order.seed = stream_source_seed(99, j, sources);
+      src.order.shuffle = rng() % 4 != 0;
+      src.order.order = rng() % 3 == 0 ? Order::Block : Order::Random;
+      src.order.block_size = 1 + static_cast<int64_t>(rng() % 8);
+      if (rng() % 3 == 0) {  // shards
+        int64_t left = src.order.num_samples;
+        while (left > 0) {
+          const int64_t rows = std::min<int64_t>(left, 1 + static_cast<int64_t>(rng() % 9));
+          src.order.shard_rows.push_back(rows);
+          left -= rows;
+        }
+      }
+      src.offset = offset;
+      offset += src.order.num_samples;
+      out.lengths.push_back(src.order.num_samples);
+      c->sources.push_back(src);
+      c->base_positions.push_back(origin ? static_cast<int64_t>(rng() % 100) : 0);
+    }
+    c->schedule = MixSchedule(q.g, q.base, q.shares, rng() % M);
+    c->origin = origin;
+    c->batch_size = q.g / replicas;
+    c->replicas = replicas;
+    c->rank = rank % replicas;
+    c->seed = 99;
+    out.config = c;
+    return out;
+  }
+}
+
+// Step `step`'s rows of the config's replica, from the definition: walk the steps from the
+// origin, lay the sources end to end, deal position k*R + r to row k.
+void brute_batch(const StreamConfig& c, int64_t step, std::vector<int64_t>* ids, std::vector<int64_t>* sources) {
+  const int n = static_cast<int>(c.sources.size());
+  std::vector<int64_t> pos(c.base_positions);
+  for (int64_t s = c.origin; s < step; ++s)
+    for (int j = 0; j < n; ++j) pos[static_cast<size_t>(j)] += c.schedule.count(j, s - c.origin);
+  std::vector<int64_t> glob_ids, glob_src;
+  for (int j = 0; j < n; ++j) {
+    const StreamSource& src = c.sources[static_cast<size_t>(j)];
+    for (int64_t t = 0; t < c.schedule.count(j, step - c.origin); ++t) {
+      const int64_t p = pos[static_cast<size_t>(j)] + t, N = src.order.num_samples;
+      const Ordering o(src.order, p / N);
+      glob_ids.push_back(src.offset + o(p % N));
+      glob_src.push_back(j);
+    }
+  }
+  ids->clear();
+  sources->clear();
+  for (int64_t k = 0; k < c.batch_size; ++k) {
+    ids->push_back(glob_ids[static_cast<size_t>(k * c.replicas + c.rank)]);
+    sources->push_back(glob_src[static_cast<size_t>(k * c.replicas + c.rank)]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(stream_plan_matches_the_brute_force_stream) {
+  std::mt19937_64 rng(21);
+  for (int it = 0; it < 120; ++it) {
+    const int64_t replicas = 1 + static_cast<int64_t>(rng() % 3);
+    const StreamCase sc = random_stream(rng, 1 + static_cast<int>(rng() % 4), 1 + static_cast<int64_t>(rng() % 12),
+                                        replicas, static_cast<int64_t>(rng() % 3), it % 2 ? 7 : 0);
+    const int64_t first = sc.config->origin + static_cast<int64_t>(rng() % 5);
+    const StreamPlan plan(sc.config, first, first + 30, 3);
+    CHECK(plan.num_batches() == 30 && plan.epoch() == 3 && plan.position_after(4) == first + 4);
+    std::vector<int64_t> ids(static_cast<size_t>(sc.config->batch_size)), src(ids.size()), want_ids, want_src;
+    std::vector<int64_t> counts(sc.config->sources.size(), 0), want_counts(counts.size(), 0);
+    // Out of order on purpose: the position cache must not depend on the order of steps.
+    std::vector<int64_t> order(30);
+    for (int64_t k = 0; k < 30; ++k) order[static_cast<size_t>(k)] = (k * 7) % 30;
+    for (int64_t k : order) {
+      BatchRows rows;
+      rows.ids = ids.data();
+      rows.sources = src.data();
+      plan.fill(k, rows);
+      brute_batch(*sc.config, first + k, &want_ids, &want_src);
+      CHECK_MSG(ids == want_ids && src == want_src, "iteration " << it << " batch " << k);
+      plan.add_source_rows(k, counts.data());
+      for (int64_t j : want_src) want_counts[static_cast<size_t>(j)] += 1;
+      CHECK(plan.sample_epoch(k) == first + k);
+    }
+    CHECK(counts == want_counts);
+  }
+}
+
+TEST_CASE(stream_plan_positions_far_away_match_the_schedule) {
+  std::mt19937_64 rng(8);
+  const StreamCase sc = random_stream(rng, 3, 16, 2, 1, 5);
+  const int64_t far = int64_t{1} << 40;
+  const StreamPlan plan(sc.config, far, far + 10, 0);
+  std::vector<int64_t> pos(3);
+  plan.positions(far + 3, pos.data());
+  for (int j = 0; j < 3; ++j)
+    CHECK(pos[static_cast<size_t>(j)] ==
+          sc.config->base_positions[static_cast<size_t>(j)] + sc.config->schedule.taken(j, far + 3 - 5));
+  CHECK_THROWS(plan.positions(4, pos.data()), std::out_of_range, "out of the stream's range");
+  CHECK_THROWS(StreamPlan(sc.config, 4, 10, 0), std::invalid_argument, "before the schedule's origin");
+  CHECK_THROWS(StreamPlan(sc.config, 10, 9, 0), std::invalid_argument, "before its first");
+  CHECK_THROWS(StreamPlan(sc.config, 10, int64_t{1} << 61, 0), std::invalid_argument, "would pass 2^62");
+}
+
+TEST_CASE(stream_config_is_validated) {
+  std::mt19937_64 rng(3);
+  StreamCase sc = random_stream(rng, 2, 4, 1, 0);
+  auto bad = std::make_shared<StreamConfig>(*sc.config);
+  bad->batch_size += 1;
+  CHECK_THROWS(bad->validate(), std::invalid_argument, "global batch");
+  bad = std::make_shared<StreamConfig>(*sc.config);
+  bad->sources[0].order.partition = Partition::Shards;
+  bad->sources[0].order.shard_rows = {bad->sources[0].order.num_samples};
+  CHECK_THROWS(bad->validate(), std::invalid_argument, "partition='shards'");
+  bad = std::make_shared<StreamConfig>(*sc.config);
+  bad->base_positions.pop_back();
+  CHECK_THROWS(bad->validate(), std::invalid_argument, "one schedule quota");
+  bad = std::make_shared<StreamConfig>(*sc.config);
+  bad->rank = 1;
+  CHECK_THROWS(bad->validate(), std::invalid_argument, "rank must be");
+}
+
+TEST_CASE(stream_plan_concurrent_fills_agree_with_one_thread) {
+  // Collation threads fill batches of one plan at once: its caches are shared (ThreadSanitizer
+  // checks them); every thread must see the batches one thread computes.
+  std::mt19937_64 rng(4);
+  const StreamCase sc = random_stream(rng, 3, 8, 1, 0);
+  const int64_t steps = 3000;
+  const auto plan = std::make_shared<StreamPlan>(sc.config, 0, steps, 0);
+  const auto alone = std::make_shared<StreamPlan>(sc.config, 0, steps, 0);
+  const size_t b = static_cast<size_t>(sc.config->batch_size);
+  std::vector<std::vector<int64_t>> expected(static_cast<size_t>(steps), std::vector<int64_t>(b));
+  for (int64_t k = 0; k < steps; ++k) {
+    BatchRows rows;
+    rows.ids = expected[static_cast<size_t>(k)].data();
+    alone->fill(k, rows);
+  }
+  std::atomic<int64_t> next{0};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      std::vector<int64_t> ids(b);
+      for (int64_t k; (k = next.fetch_add(1)) < steps;) {
+        BatchRows rows;
+        rows.ids = ids.data();
+        plan->fill(k, rows);
+        if (ids != expected[static_cast<size_t>(k)]) wrong.fetch_add(1);
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(wrong.load() == 0);
+}
+
+TEST_CASE(engine_runs_stream_plans_with_source_rows) {
+  // An engine over one int64 column whose value is the row id, two outputs (replicas) of a
+  // 3-source stream over the concatenated ids: each batch's rows are the plan's ids, its
+  // "source" part the plan's sources.
+  std::mt19937_64 rng(12);
+  const StreamCase sc0 = random_stream(rng, 3, 6, 2, 0);
+  int64_t total = 0;
+  for (int64_t n : sc0.lengths) total += n;
+  std::vector<int64_t> values(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) values[static_cast<size_t>(i)] = i * 3 + 1;
+  ArrayColumn col;
+  col.name = "v";
+  col.dtype = kInt64;
+  col.base = reinterpret_cast<const std::byte*>(values.data());
+  col.rows = total;
+  col.pitch = col.row_bytes = sizeof(int64_t);
+  EngineOptions o;
+  o.num_threads = 3;
+  o.prefetch = 3;
+  o.batch_size = sc0.config->batch_size;
+  o.with_index = true;
+  o.with_source = true;
+  Engine e({col}, o);
+  const int64_t steps = 50;
+  std::vector<OutputSpec> outputs;
+  std::vector<std::shared_ptr<const StreamPlan>> plans;
+  for (int64_t r = 0; r < 2; ++r) {
+    auto c = std::make_shared<StreamConfig>(*sc0.config);
+    c->rank = r;
+    plans.push_back(std::make_shared<StreamPlan>(c, 4, 4 + steps, 0));
+    outputs.emplace_back(plans.back(), false);
+  }
+  auto p = e.start(std::move(outputs));
+  const BatchLayout& L = e.layout();
+  for (int64_t k = 0; k < steps; ++k)
+    for (int d = 0; d < 2; ++d) {
+      Batch b;
+      NextStatus s;
+      while ((s = p->next(d, std::chrono::milliseconds(20), &b)) == NextStatus::Timeout) {
+      }
+      CHECK(s == NextStatus::Ok);
+      if (s != NextStatus::Ok) return;
+      for (auto& part : b.parts) part->hand_to_user();
+      std::vector<int64_t> ids(static_cast<size_t>(o.batch_size)), src(ids.size());
+      BatchRows rows;
+      rows.ids = ids.data();
+      rows.sources = src.data();
+      plans[static_cast<size_t>(d)]->fill(k, rows);
+      const auto* v = reinterpret_cast<const int64_t*>(b.parts[0]->data());
+      const auto* index = reinterpret_cast<const int64_t*>(b.parts[static_cast<size_t>(L.index_part)]->data());
+      const auto* source = reinterpret_cast<const int64_t*>(b.parts[static_cast<size_t>(L.source_part)]->data());
+      CHECK(b.rows == o.batch_size && b.step == k);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        CHECK(v[i] == ids[i] * 3 + 1);
+        CHECK(index[i] == ids[i]);
+        CHECK(source[i] == src[i]);
+      }
+    }
+  Batch b;
+  CHECK(p->next(0, std::chrono::milliseconds(2000), &b) == NextStatus::End);
+  CHECK(L.names() == std::vector<std::string>({"v", "index", "source"}));
+  e.close();
 }
 
 int main(int argc, char** argv) { return harness::run_cases(argc, argv, "test_stream"); }
