@@ -15,11 +15,12 @@ from . import _C, _lifecycle
 from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory_limit
 from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
 from ._dataloader_args import refuse_dataloader_args
+from ._mix import Mix
 from ._python_source import PythonSource
 from ._workers import WorkerProcesses
 from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
 from ._state import check_state, check_stream_state, make_state, make_stream_state
-from ._stats import LoaderStats
+from ._stats import LoaderStats, SourceStats
 from ._stream import Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
 
 _EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
@@ -163,9 +164,16 @@ class Loader:
             raise ValueError(f"workers must be one of {_WORKERS}, got {workers!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
-        source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
-                           worker_init_fn=worker_init_fn, seed=self._seed)
-        self._check_python_options(source, workers, bool(with_index), even)
+        # A Mix is read through one native MixSource, or one PythonSource over its Python datasets.
+        self._mix = source if isinstance(source, Mix) else None
+        if self._mix is not None:
+            source = self._mix.reader(pad=pad, max_length=max_length, collate_fn=collate_fn,
+                                      worker_init_fn=worker_init_fn, seed=self._seed)
+        else:
+            source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
+                               worker_init_fn=worker_init_fn, seed=self._seed)
+        with_source = self._mix is not None and self._mix.with_source
+        self._check_python_options(source, workers, bool(with_index), even, with_source)
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
         if partition not in _PARTITION:
             raise ValueError(f"partition must be one of {_PARTITION}, got {partition!r}")
@@ -178,7 +186,7 @@ class Loader:
             if shards < self._world_size:
                 raise ValueError(f"partition='shards' needs at least world_size={self._world_size} non-empty "
                                  f"shards, got {shards}")
-        stream = self._steps is not None
+        stream = self._steps is not None or self._mix is not None
         if stream:
             self._check_stream_options(even, partition)
         self._partition = partition
@@ -190,7 +198,7 @@ class Loader:
         # are always full: a source that runs out starts its next epoch within the batch.
         max_rows = self._batch_size if stream else min(self._batch_size, len(source))
         native = source.native_source()
-        layout = batch_layout(native, max_rows, bool(with_index), even == "mask")
+        layout = batch_layout(native, max_rows, bool(with_index), even == "mask", with_source)
         prefetch_origin = ""
         if prefetch is None:
             copy_streams = self._streams if self._device.type == "cuda" else 0
@@ -214,14 +222,15 @@ class Loader:
                                           "workers='threads', or device='cpu' and move batches yourself")
             self._workers = WorkerProcesses(source, threads)  # pickles the dataset now: errors come early
         self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
-                                 self._streams, self._workers.memory if self._workers else None)
+                                 self._streams, self._workers.memory if self._workers else None, with_source)
         if timeout:
             self._engine.set_timeout(float(timeout))
         # Step-based mode (steps=): the stream, its anchor and its runs (see _stream.py).
         self._runs: StreamRuns | None = None
         if stream:
-            self._runs = StreamRuns(Stream(StreamSources.single(source), seed=self._seed, shuffle=self._shuffle,
-                                           order=order), self._steps, len(source))
+            sources = self._mix.stream_sources() if self._mix is not None else StreamSources.single(source)
+            self._runs = StreamRuns(Stream(sources, seed=self._seed, shuffle=self._shuffle, order=order),
+                                    self._steps, len(self._mix if self._mix is not None else source))
         self._run_anchor: Anchor | None = None  # the schedule the running stream run uses
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
@@ -238,13 +247,13 @@ class Loader:
         _lifecycle.register(self)
 
     @staticmethod
-    def _check_python_options(source: Any, workers: str, with_index: bool, even: str) -> None:
+    def _check_python_options(source: Any, workers: str, with_index: bool, even: str, with_source: bool = False) -> None:
         python = isinstance(source, PythonSource)
         if workers == "processes" and not python:
             raise ValueError("workers='processes' runs a Python dataset's __getitem__ in worker processes; "
                              f"{type(source).__name__} is gathered natively by threads")
-        if python and (with_index or even == "mask") and (source.collates or not source.dict_samples):
-            what = "with_index=True" if with_index else "even='mask'"
+        if python and (with_index or even == "mask" or with_source) and (source.collates or not source.dict_samples):
+            what = "with_index=True" if with_index else "even='mask'" if even == "mask" else "Mix(with_source=True)"
             how = "with collate_fn" if source.collates else "with samples that are not dicts"
             raise ValueError(f"{what} adds 'index'/'valid' to each batch dict; that is not possible {how}: "
                              "return a dict from __getitem__")
@@ -281,8 +290,9 @@ class Loader:
         return self._num_threads
 
     @property
-    def dataset(self) -> Source:
-        return self._source
+    def dataset(self) -> Any:
+        """The source as given (a Mix too)."""
+        return self._mix if self._mix is not None else self._source
 
     # ------------------------------------------------------------------ sampling
     def _samplers(self, devices: int) -> list[Any]:
@@ -514,7 +524,7 @@ class Loader:
                                  weights_given=self._weights_given())
 
     def _weights_given(self) -> Any:
-        return None
+        return self._mix.given if self._mix is not None else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
@@ -602,7 +612,20 @@ class Loader:
                        "num_threads": self._num_threads, "prefetch": self._prefetch, "streams": self._streams}
             else:
                 run = self._engine.stats(self._run)
-            return LoaderStats._from_native(run, memory)
+            return LoaderStats._from_native(run, memory, self._source_stats(run) if self._runs is not None else None)
+
+    def _source_stats(self, run: dict[str, Any]) -> dict[str, SourceStats]:
+        """Per source: samples handed out this run (counted natively at each hand-out, from the
+        plan), and the stream's position in it at the next step (under self._lock)."""
+        src = self._runs.stream.sources
+        if self._run is None:
+            samples = [0] * len(src.names)
+            positions = self._stream_state()["positions"]
+        else:
+            samples = list(run.get("source_samples") or [run["samples"]])
+            positions = self._run.stream_positions(0, min(self._run.handed(d) for d in range(self._outputs)))
+        return {name: SourceStats(samples=k, epochs=p // n, position=p)
+                for name, k, p, n in zip(src.names, samples, positions, src.lengths)}
 
     def _memory(self) -> dict[str, int]:
         """Bytes and buffers the loader's pools have allocated and not freed (batches users still

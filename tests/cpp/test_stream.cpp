@@ -15,6 +15,7 @@
 
 #include "core/array_source.h"
 #include "core/engine.h"
+#include "core/mix_source.h"
 #include "core/mix_schedule.h"
 #include "core/stream_plan.h"
 #include "harness.h"
@@ -404,6 +405,86 @@ TEST_CASE(engine_runs_stream_plans_with_source_rows) {
   CHECK(p->next(0, std::chrono::milliseconds(2000), &b) == NextStatus::End);
   CHECK(L.names() == std::vector<std::string>({"v", "index", "source"}));
   e.close();
+}
+
+// ================================================================ MixSource
+
+namespace {
+ArrayColumn int64_column(const char* name, const std::vector<int64_t>& values) {
+  ArrayColumn c;
+  c.name = name;
+  c.dtype = kInt64;
+  c.base = reinterpret_cast<const std::byte*>(values.data());
+  c.rows = static_cast<int64_t>(values.size());
+  c.pitch = c.row_bytes = sizeof(int64_t);
+  return c;
+}
+}  // namespace
+
+TEST_CASE(mix_source_fills_each_run_from_its_child) {
+  // Three children of two columns ("a": 10*child + local id, "b": a window of two values); ids
+  // in any order (runs of one child, and single rows): every row equals its child's row.
+  std::vector<std::vector<int64_t>> a(3), b(3);
+  std::vector<std::shared_ptr<BatchSource>> children;
+  const int64_t sizes[3] = {5, 1, 7};
+  for (int j = 0; j < 3; ++j) {
+    for (int64_t i = 0; i < sizes[j]; ++i) a[j].push_back(1000 * j + i);
+    for (int64_t i = 0; i < sizes[j] + 1; ++i) b[j].push_back(-(1000 * j + i));
+    ArrayColumn win = int64_column("b", b[j]);
+    win.row_shape = {2};
+    win.row_bytes = 2 * sizeof(int64_t);
+    win.rows = sizes[j];
+    children.push_back(std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("a", a[j]), win}));
+  }
+  MixSource mix(children);
+  CHECK(mix.size() == 13 && mix.offsets() == std::vector<int64_t>({0, 5, 6, 13}));
+  std::mt19937_64 rng(2);
+  for (int it = 0; it < 200; ++it) {
+    const int64_t count = static_cast<int64_t>(rng() % 20);
+    std::vector<int64_t> ids(static_cast<size_t>(count));
+    for (int64_t& id : ids) id = static_cast<int64_t>(rng() % 13);
+    if (it % 2) std::sort(ids.begin(), ids.end());  // grouped, as a stream plan gives them
+    std::vector<int64_t> out_a(ids.size() + 1, 7), out_b(2 * ids.size() + 1, 7);
+    std::byte* parts[2] = {reinterpret_cast<std::byte*>(out_a.data()), reinterpret_cast<std::byte*>(out_b.data())};
+    FillRequest r;
+    r.ids = ids.data();
+    r.count = count;
+    r.parts = parts;
+    mix.fill(r);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const int64_t id = ids[i];
+      const int j = id < 5 ? 0 : id < 6 ? 1 : 2;
+      const int64_t local = id - (j == 0 ? 0 : j == 1 ? 5 : 6);
+      CHECK(out_a[i] == 1000 * j + local);
+      CHECK(out_b[2 * i] == -(1000 * j + local) && out_b[2 * i + 1] == -(1000 * j + local + 1));
+    }
+    CHECK(out_a[ids.size()] == 7 && out_b[2 * ids.size()] == 7);  // nothing written past the batch
+  }
+  const int64_t bad = 13;
+  std::vector<int64_t> sink(2);
+  std::byte* parts[2] = {reinterpret_cast<std::byte*>(sink.data()), reinterpret_cast<std::byte*>(sink.data())};
+  FillRequest r;
+  r.ids = &bad;
+  r.count = 1;
+  r.parts = parts;
+  CHECK_THROWS(mix.fill(r), std::out_of_range, "out of the mixture's range");
+}
+
+TEST_CASE(mix_source_refuses_children_of_another_schema) {
+  std::vector<int64_t> v(4, 0);
+  std::vector<int32_t> w(4, 0);
+  auto a = std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("x", v)});
+  auto renamed = std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("y", v)});
+  ArrayColumn narrow = int64_column("x", v);
+  narrow.dtype = DType{kInt, 32};
+  narrow.row_bytes = narrow.pitch = 4;
+  narrow.base = reinterpret_cast<const std::byte*>(w.data());
+  auto other_type = std::make_shared<ArraySource>(std::vector<ArrayColumn>{narrow});
+  auto two = std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("x", v), int64_column("z", v)});
+  CHECK_THROWS(MixSource({a, renamed}), std::invalid_argument, "source 1's part 0 'y'");
+  CHECK_THROWS(MixSource({a, other_type}), std::invalid_argument, "32 bits");
+  CHECK_THROWS(MixSource({a, two}), std::invalid_argument, "has 2 parts");
+  CHECK_THROWS(MixSource({}), std::invalid_argument, "at least one source");
 }
 
 int main(int argc, char** argv) { return harness::run_cases(argc, argv, "test_stream"); }
