@@ -22,7 +22,8 @@ class BatchPlan {
   virtual int64_t epoch() const = 0;
   virtual uint64_t seed() const = 0;
   virtual int64_t rows(int64_t batch) const = 0;
-  virtual void fill(int64_t batch, const BatchRows& out) const = 0;
+  // Writes batch `batch`'s rows; returns how many (rows(batch)).
+  virtual int64_t fill(int64_t batch, const BatchRows& out) const = 0;
   // The epoch word of the batch's per-sample randomness (FillRequest::epoch, sample_rng).
   virtual int64_t sample_epoch(int64_t /*batch*/) const { return epoch(); }
   // Where the next run resumes after this output handed out `batches_done` batches: a global

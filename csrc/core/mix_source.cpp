@@ -58,18 +58,31 @@ void MixSource::fill(const FillRequest& r) {
     many.resize(parts);
     part_ptrs = many.data();
   }
+  if (local.size() < static_cast<size_t>(r.count)) local.resize(static_cast<size_t>(r.count));
+  int64_t* const local_ids = local.data();
+  int j = -1;
   for (int64_t k = 0; k < r.count;) {
-    const int j = child_of(r.ids[k]);
-    const int64_t lo = offsets_[static_cast<size_t>(j)], hi = offsets_[static_cast<size_t>(j) + 1];
-    int64_t end = k + 1;
-    while (end < r.count && r.ids[end] >= lo && r.ids[end] < hi) ++end;
+    // Runs come in source order: the next child is usually the one after the last.
+    const int64_t first = r.ids[k];
+    if (j + 1 < static_cast<int>(children_.size()) && first >= offsets_[static_cast<size_t>(j) + 1] &&
+        first < offsets_[static_cast<size_t>(j) + 2])
+      j = j + 1;
+    else
+      j = child_of(first);
+    const int64_t lo = offsets_[static_cast<size_t>(j)];
+    const uint64_t rows = static_cast<uint64_t>(offsets_[static_cast<size_t>(j) + 1] - lo);
+    // The run of rows of child j, translated to its ids in one pass.
+    int64_t end = k;
+    for (; end < r.count; ++end) {
+      const int64_t id = r.ids[end] - lo;
+      if (static_cast<uint64_t>(id) >= rows) break;
+      local_ids[end - k] = id;
+    }
     const int64_t run = end - k;
-    if (local.size() < static_cast<size_t>(run)) local.resize(static_cast<size_t>(run));
-    for (int64_t i = 0; i < run; ++i) local[static_cast<size_t>(i)] = r.ids[k + i] - lo;
     for (size_t p = 0; p < parts; ++p) part_ptrs[p] = r.parts[p] + static_cast<size_t>(k) * schema_[p].row_bytes;
     std::shared_ptr<void> extras;
     FillRequest sub = r;
-    sub.ids = local.data();
+    sub.ids = local_ids;
     sub.count = run;
     sub.parts = part_ptrs;
     sub.extras = &extras;

@@ -147,10 +147,9 @@ bool Pipeline::worth_waking(const Output& o) const {
 void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch) {
   if (step == fail_at_step_)
     throw std::runtime_error("injected failure (test hook) at batch " + std::to_string(step));
-  const BatchPlan& plan = *outputs_[output]->plan;
-  const int64_t rows = plan.rows(step);
+  const Output& o = *outputs_[output];
+  const BatchPlan& plan = *o.plan;
   const BatchLayout& L = *layout_;
-  batch->rows = rows;
   batch->step = step;
   batch->parts.resize(L.num_parts());
   for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[p]->acquire();
@@ -158,7 +157,7 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : ids_scratch.data();
   out.valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
   out.sources = L.with_source ? reinterpret_cast<int64_t*>(batch->parts[L.source_part]->data()) : nullptr;
-  plan.fill(step, out);
+  batch->rows = plan.fill(step, out);
   std::byte* parts[kMaxInlineParts];
   std::vector<std::byte*> many;
   std::byte** part_ptrs = parts;
@@ -169,9 +168,9 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   for (size_t p = 0; p < L.source_parts; ++p) part_ptrs[p] = batch->parts[p]->data();
   FillRequest request;
   request.ids = out.ids;
-  request.count = rows;
+  request.count = batch->rows;
   request.parts = part_ptrs;
-  request.seed = plan.seed();
+  request.seed = o.seed;
   request.epoch = plan.sample_epoch(step);
   request.step = step;
   request.thread = thread;

@@ -99,6 +99,7 @@ class Pipeline {
   struct Output {
     std::shared_ptr<const BatchPlan> plan;
     const int64_t num_batches;
+    const uint64_t seed;
     bool native_consumer;
     int64_t wake_batch;
     int64_t next_claim = 0;
@@ -108,7 +109,8 @@ class Pipeline {
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
     Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake)
-        : plan(std::move(p)), num_batches(plan->num_batches()), native_consumer(native), wake_batch(wake) {}
+        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), native_consumer(native),
+          wake_batch(wake) {}
   };
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now

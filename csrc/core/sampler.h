@@ -91,6 +91,7 @@ class EpochPlan final : public BatchPlan {
 
   int64_t num_batches() const override { return num_batches_; }
   int64_t epoch() const override { return epoch_; }
+  int64_t sample_epoch(int64_t /*step*/) const override { return epoch_; }
   uint64_t seed() const override { return cfg_.seed; }
   int64_t start_position() const { return start_; }
   int64_t end_position() const { return end_; }        // length of the epoch's sequence
@@ -102,7 +103,11 @@ class EpochPlan final : public BatchPlan {
   // ids[i] = sample id of the batch's i-th row; valid[i] = not padding (valid may be null).
   void fill_ids(const BatchSpan& span, int64_t* ids, bool* valid) const;
   int64_t rows(int64_t step) const override { return batch(step).count; }
-  void fill(int64_t step, const BatchRows& out) const override { fill_ids(batch(step), out.ids, out.valid); }
+  int64_t fill(int64_t step, const BatchRows& out) const override {
+    const BatchSpan span = batch(step);
+    fill_ids(span, out.ids, out.valid);
+    return span.count;
+  }
   const SamplerConfig& config() const { return cfg_; }
 
  private:

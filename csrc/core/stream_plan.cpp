@@ -95,44 +95,64 @@ int64_t StreamPlan::position_after(int64_t batches_done) const {
 void StreamPlan::rows_of(int64_t start, int64_t count, int64_t* lo, int64_t* hi) const {
   // Row k holds global position k*R + r: the first row at or after position x is ceil((x-r)/R).
   const int64_t R = config_->replicas, r = config_->rank;
+  if (R == 1) {
+    *lo = start;
+    *hi = start + count;
+    return;
+  }
   auto first_row_at = [&](int64_t x) { return x <= r ? 0 : (x - r + R - 1) / R; };
   *lo = first_row_at(start);
   *hi = first_row_at(start + count);
 }
 
-void StreamPlan::extras_at(int64_t local, int64_t* out) const {
+bool StreamPlan::cached_extras_locked(int64_t local, int64_t* out) const {
   const MixSchedule& s = config_->schedule;
   const int n = num_sources();
-  std::unique_lock<std::mutex> lock(mutex_);
   const Extras* best = nullptr;
   for (const Extras& e : extras_cache_)
     if (e.step >= 0 && e.step <= local && local - e.step <= kMaxAdvance && (!best || e.step > best->step)) best = &e;
-  if (best) {
-    std::copy(best->sum.begin(), best->sum.end(), out);
-    if (best->step == local) return;
-    for (int64_t step = best->step; step < local; ++step)
-      for (int j = 0; j < n; ++j) out[j] += s.extra(j, step);
-  } else {
-    // Far from every cached step: two floor sums per source, outside the lock.
-    lock.unlock();
-    for (int j = 0; j < n; ++j) out[j] = s.extras_before(j, local);
-    lock.lock();
-  }
+  if (!best) return false;
+  std::copy(best->sum.begin(), best->sum.end(), out);
+  if (best->step == local) return true;
+  for (int64_t step = best->step; step < local; ++step)
+    for (int j = 0; j < n; ++j) out[j] += s.extra(j, step);
+  store_extras_locked(local, out);
+  return true;
+}
+
+void StreamPlan::store_extras_locked(int64_t local, const int64_t* sums) const {
   Extras& slot = extras_cache_[extras_next_];
   extras_next_ = (extras_next_ + 1) % kExtrasCache;
   slot.step = local;
-  slot.sum.assign(out, out + n);
+  slot.sum.assign(sums, sums + num_sources());
+}
+
+void StreamPlan::extras_at(int64_t local, int64_t* out) const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cached_extras_locked(local, out)) return;
+  }
+  // Far from every cached step: two floor sums per source, outside the lock.
+  for (int j = 0; j < num_sources(); ++j) out[j] = config_->schedule.extras_before(j, local);
+  std::lock_guard<std::mutex> lock(mutex_);
+  store_extras_locked(local, out);
+}
+
+std::shared_ptr<const Ordering> StreamPlan::cached_ordering_locked(int source, int64_t epoch) const {
+  for (const CachedOrdering& c : orderings_[static_cast<size_t>(source)])
+    if (c.epoch == epoch) return c.ordering;
+  return nullptr;
 }
 
 std::shared_ptr<const Ordering> StreamPlan::ordering(int source, int64_t epoch) const {
   const size_t j = static_cast<size_t>(source);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const CachedOrdering& c : orderings_[j])
-      if (c.epoch == epoch) return c.ordering;
+    if (auto found = cached_ordering_locked(source, epoch)) return found;
   }
   auto built = std::make_shared<const Ordering>(config_->sources[j].order, epoch);  // O(shards): unlocked
   std::lock_guard<std::mutex> lock(mutex_);
+  if (auto found = cached_ordering_locked(source, epoch)) return found;  // another thread was first
   CachedOrdering& slot = orderings_[j][orderings_next_[j]];
   orderings_next_[j] = (orderings_next_[j] + 1) % kOrderingsPerSource;
   slot.epoch = epoch;
@@ -169,29 +189,61 @@ void StreamPlan::add_source_rows(int64_t batch, int64_t* counts) const {
   }
 }
 
-void StreamPlan::fill(int64_t batch, const BatchRows& out) const {
+int64_t StreamPlan::fill(int64_t batch, const BatchRows& out) const {
   rows(batch);  // range check
   const StreamConfig& c = *config_;
   const int n = num_sources();
-  Scratch scratch(static_cast<size_t>(n));
-  int64_t* d = scratch.data;
-  int64_t* pos = d + n;
-  const int64_t step = first_ + batch;
-  step_counts(step, d);
-  positions(step, pos);
+  const int64_t step = first_ + batch, local = step - c.origin;
   const int64_t R = c.replicas, r = c.rank;
-  int64_t start = 0;
+  // Per source: count in the step, start in the global batch, this replica's rows [lo, hi),
+  // stream position at the step, and the ordering of the epoch its first row falls in.
+  Scratch scratch(static_cast<size_t>(n));
+  int64_t* pos = scratch.data;
+  int64_t* start = pos + n;
+  int64_t* row_lo = start + n;  // this replica's rows [row_lo[j], row_lo[j + 1]) are source j's
+  c.schedule.counts(local, start);  // d_j, then turned into where each source starts in the step
+  int64_t at = 0;
   for (int j = 0; j < n; ++j) {
-    int64_t lo, hi;
-    rows_of(start, d[j], &lo, &hi);
+    const int64_t count = start[j];
+    start[j] = at;
+    int64_t hi;
+    rows_of(at, count, &row_lo[j], &hi);
+    at += count;
+  }
+  std::shared_ptr<const Ordering> inline_orders[kInlineSources];
+  std::vector<std::shared_ptr<const Ordering>> many_orders;
+  std::shared_ptr<const Ordering>* orders = inline_orders;
+  if (static_cast<size_t>(n) > kInlineSources) {
+    many_orders.resize(static_cast<size_t>(n));
+    orders = many_orders.data();
+  }
+  bool have_extras;
+  {
+    // One lock per batch for both caches: collation threads take it for every batch they build.
+    std::lock_guard<std::mutex> lock(mutex_);
+    have_extras = cached_extras_locked(local, pos);
+    if (have_extras)
+      for (int j = 0; j < n; ++j) {
+        const int64_t lo = row_lo[j], hi = j + 1 < n ? row_lo[j + 1] : c.batch_size;
+        if (lo == hi) continue;
+        const int64_t p = c.base_positions[static_cast<size_t>(j)] + local * c.schedule.base(j) + pos[j] + lo * R + r -
+                          start[j];
+        orders[j] = cached_ordering_locked(j, p / c.sources[static_cast<size_t>(j)].order.num_samples);
+      }
+  }
+  if (!have_extras) extras_at(local, pos);
+  for (int j = 0; j < n; ++j) pos[j] += c.base_positions[static_cast<size_t>(j)] + local * c.schedule.base(j);
+  for (int j = 0; j < n; ++j) {
+    const int64_t lo = row_lo[j], hi = j + 1 < n ? row_lo[j + 1] : c.batch_size;
     const StreamSource& src = c.sources[static_cast<size_t>(j)];
     const int64_t N = src.order.num_samples;
     for (int64_t k = lo; k < hi;) {
       // Rows k, k+1, ... hold stream positions p, p+R, ...: fill the run that stays in one epoch.
-      const int64_t p = pos[j] + k * R + r - start;
+      const int64_t p = pos[j] + k * R + r - start[j];
       const int64_t epoch = p / N, within = p % N;
       const int64_t run = std::min(hi - k, (N - within + R - 1) / R);
-      const std::shared_ptr<const Ordering> order = ordering(j, epoch);
+      std::shared_ptr<const Ordering> order =
+          k == lo && orders[j] ? std::move(orders[j]) : ordering(j, epoch);  // cached for the first run
       int64_t* ids = out.ids + k;
       if (R == 1) {
         order->fill(within, run, ids);
@@ -204,8 +256,8 @@ void StreamPlan::fill(int64_t batch, const BatchRows& out) const {
       if (out.valid) std::fill(out.valid + k, out.valid + k + run, true);
       k += run;
     }
-    start += d[j];
   }
+  return c.batch_size;
 }
 
 }  // namespace fastload

@@ -58,7 +58,7 @@ class StreamPlan final : public BatchPlan {
   int64_t epoch() const override { return epoch_; }
   uint64_t seed() const override { return config_->seed; }
   int64_t rows(int64_t batch) const override;
-  void fill(int64_t batch, const BatchRows& out) const override;
+  int64_t fill(int64_t batch, const BatchRows& out) const override;
   // Per-sample randomness is keyed by the global step: a sample drawn again in a later epoch
   // of its source is in another step.
   int64_t sample_epoch(int64_t batch) const override { return first_ + batch; }
@@ -84,6 +84,11 @@ class StreamPlan final : public BatchPlan {
     std::shared_ptr<const Ordering> ordering;
   };
   void extras_at(int64_t local_step, int64_t* out) const;
+  // Under mutex_: E_j at local_step from the cache (advanced, stored), or false if no cached step
+  // is near enough (then the caller computes it with floor sums, unlocked, and stores it).
+  bool cached_extras_locked(int64_t local_step, int64_t* out) const;
+  void store_extras_locked(int64_t local_step, const int64_t* sums) const;
+  std::shared_ptr<const Ordering> cached_ordering_locked(int source, int64_t epoch) const;
   std::shared_ptr<const Ordering> ordering(int source, int64_t epoch) const;
   // Rows [*lo, *hi) of this replica's batch come from the step's positions [start, start + count).
   void rows_of(int64_t start, int64_t count, int64_t* lo, int64_t* hi) const;
