@@ -7,7 +7,10 @@
    per-round ratios with their min-max.
 2. Start-up at scale: a Mix of 10^12 samples (three sources whose rows are one repeated row, so no
    memory is needed): Loader construction and the first batch, median and min over repeats.
-3. Against a hand-made concatenation with a Megatron-style blend index (a dataset id and a sample
+3. The schedule's long-run exactness: for several weight sets, the largest gap over 10^6 steps
+   between the samples a source got and its exact share (steps x G x w_j), checked against the
+   native schedule at a few points.
+4. Against a hand-made concatenation with a Megatron-style blend index (a dataset id and a sample
    id per blended sample, built up front with numpy, per-source shuffles included): its build time
    and peak memory (tracemalloc) at several sizes, beside fastload's (no index: nothing to build).
 
@@ -126,6 +129,49 @@ def startup(args) -> list[str]:
             f"| first batch's rows per source | {counts} (0.6/0.3/0.1 of 64 = 38.4/19.2/6.4) |"]
 
 
+DISCREPANCY_SETS = [
+    ("0.6/0.3/0.1, G=64", [0.6, 0.3, 0.1], 64),
+    ("1/1/1, G=10", [1, 1, 1], 10),
+    ("1/2/3/4/5/6/7, G=1000", [1, 2, 3, 4, 5, 6, 7], 1000),
+    ("0.001/0.999, G=8", [0.001, 0.999], 8),
+    ("sizes 10^6/3*10^5/5*10^4 (by length), G=512", [10**6, 3 * 10**5, 5 * 10**4], 512),
+    ("pi/e/sqrt(2), G=37", [3.141592653589793, 2.718281828459045, 1.4142135623730951], 37),
+]
+
+
+def discrepancy(args) -> list[str]:
+    from fractions import Fraction
+
+    from fastload import _C
+    from fastload._mix_quota import SCALE, quotas
+
+    steps = args.discrepancy_steps
+    lines = [f"### Schedule: largest gap over the first {steps:,} steps between a source's samples and its exact share",
+             "",
+             "| weights, global batch | per source: max over S of abs(samples(S) - S x G x w_j) | per step |",
+             "| --- | --- | --- |"]
+    s = np.arange(steps, dtype=np.uint64)
+    for label, weights, g in DISCREPANCY_SETS:
+        w = [Fraction(x) for x in weights]
+        base, shares = quotas(w, g)
+        phase = _C.mix_phase(0)
+        native = _C.MixSchedule(g, base, shares, phase)
+        total = sum(w)
+        u = (s * np.uint64(_C.MIX_ROTATION) + np.uint64(phase)) & np.uint64(SCALE - 1)
+        gaps, start = [], 0
+        for j, a in enumerate(shares):
+            v = (u - np.uint64(start)) & np.uint64(SCALE - 1)
+            got = np.concatenate([[0], np.cumsum((v < np.uint64(a)).astype(np.int64))]) + base[j] * np.arange(steps + 1)
+            for check in (0, steps // 3, steps):
+                assert got[check] == native.taken(j, check)
+            exact = np.arange(steps + 1) * float(g * w[j] / total)
+            gaps.append(float(np.max(np.abs(got - exact))))
+            start += a
+        lines.append(f"| {label} | {', '.join(f'{x:.2f}' for x in gaps)} | every step within one sample of each "
+                     "share (tested) |")
+    return lines
+
+
 def megatron_style_index(lengths: list[int], weights: list[float], total: int, seed: int = 0):
     """A blend index as Megatron-style loaders build it before training: for every blended sample a
     dataset id (uint8) and a sample id in that dataset (int64). Each dataset's share is spread
@@ -191,12 +237,14 @@ def main() -> None:
     args = p.parse_args()
     logging.getLogger("fastload").setLevel(logging.ERROR)  # the stall hint: this loop takes batches as fast as it can
     args.index_sizes = [10**6, 10**7, 10**8]
+    args.discrepancy_steps = 10**6
     if args.quick:
         args.rounds, args.batches, args.warmup, args.repeats, args.tokens = 3, 500, 50, 5, 2**20 * 40
         args.index_sizes = [10**5, 10**6]
+        args.discrepancy_steps = 10**5
     print(f"# bench_mix: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{os.cpu_count()} CPUs, {platform.python_version()}, fastload {fl.__version__}")
-    for section in (throughput, startup, index_cost):
+    for section in (throughput, startup, discrepancy, index_cost):
         print()
         print("\n".join(section(args)), flush=True)
 

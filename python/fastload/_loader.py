@@ -85,7 +85,8 @@ class Loader:
     drop_last) and the resume position; threads, prefetch and timing never change it.
 
     Args:
-        source: a ``fastload.Dataset`` or ``fastload.Windows``.
+        source: a ``fastload.Dataset``, ``fastload.Windows``, dataset directory, map-style Python
+            dataset, or a ``fastload.Mix`` of several (each in a set share of every batch).
         batch_size: samples per batch on each device (the global batch is batch_size x
             world_size, x devices after split()).
         shuffle: a seeded permutation per epoch (O(1) memory); else the source's order.
@@ -113,6 +114,9 @@ class Loader:
         partition: "samples" (any sample to any rank; elastic) or "shards" (whole shards of a
             sharded source per rank, balanced by rows: reads stay local; resumes mid-epoch only
             at the same world size).
+        steps: train for exactly this many full batches, across as many epochs of each source as
+            it takes (len(loader) == steps; each iter() continues with the next step; no
+            set_epoch). A Mix without steps= has epochs of ceil(len(mix) / global batch) steps.
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
