@@ -464,3 +464,43 @@ def test_a_mix_of_a_trillion_samples_starts_at_once():
     assert min(times) < 0.010, times
     far = fl.Loader(mix, 64, steps=10**10, shuffle=True, seed=3)
     assert len(far.plan(steps=(10**10 - 2, 10**10))) == 128
+
+
+# ---------------------------------------------------------------- re-anchoring within one loader
+def test_split_over_another_device_count_continues_each_source():
+    lengths = [11, 4]
+    mix, _, _ = make_mix(lengths, [3, 1], with_source=True)
+    loader = fl.Loader(mix, 3, shuffle=True, seed=5, with_index=True)
+    first = list(loader)  # epoch 0 at G = 3: 5 steps
+    its = loader.split(["cpu", "cpu"])  # epoch 1 at G = 6: re-anchored where epoch 0 stopped
+    steps = []  # each global step's rows in order: device d holds positions d, d + 2, ...
+    for a, b in zip(*its):
+        step = {k: np.empty(6, np.int64) for k in ("index", "source")}
+        for k in step:
+            step[k][0::2], step[k][1::2] = a[k].numpy(), b[k].numpy()
+        steps.append(step)
+    ids = np.concatenate([b["index"].numpy() for b in first] + [s["index"] for s in steps])
+    src = np.concatenate([b["source"].numpy() for b in first] + [s["source"] for s in steps])
+    offsets = [0, 11]
+    for j, n in enumerate(lengths):
+        seq = ids[src == j] - offsets[j]
+        for e in range(len(seq) // n):  # each epoch of each source still holds every sample once
+            assert sorted(seq[e * n:(e + 1) * n]) == list(range(n))
+        assert len(set(seq[len(seq) // n * n:].tolist())) == len(seq) % n
+    with pytest.raises(ValueError, match="re-anchored"):
+        loader.set_epoch(0)
+        iter(loader.split(["cpu", "cpu"])[0])
+
+
+def test_with_source_needs_dict_samples_from_python_datasets():
+    class Pairs:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.float32(i), np.int64(i)
+
+    with pytest.raises(ValueError, match=r"Mix\(with_source=True\) adds"):
+        fl.Loader(fl.Mix([Pairs(), Pairs()], with_source=True), 2)
+    tuples = fl.Loader(fl.Mix([Pairs(), Pairs()]), 2, steps=2)
+    assert [len(b) for b in tuples] == [2, 2]
