@@ -8,9 +8,11 @@ namespace fastload {
 
 // Where a plan writes one batch's rows; null pointers are parts the batch does not have.
 struct BatchRows {
-  int64_t* ids = nullptr;      // the sample id of every row (what the source reads)
+  int64_t* ids = nullptr;      // the sample id of every row (what the source reads); null only
+                               // with local_ids, when nothing reads the ids (see Pipeline::build)
   bool* valid = nullptr;       // even="mask": false on padding
   int64_t* sources = nullptr;  // a mixture's source index of every row
+  int64_t* local_ids = nullptr;  // a mixture's: each row's id within its own source
 };
 
 class BatchPlan {
@@ -31,6 +33,9 @@ class BatchPlan {
   virtual int64_t position_after(int64_t batches_done) const = 0;
   // A mixture's sources (1 otherwise), and the rows of each in a batch (added to counts[j]).
   virtual int num_sources() const { return 1; }
+  // Whether fill() writes BatchRows::sources and local_ids when asked (rows grouped by source,
+  // in source order), so that a mixed source need not work them out from the ids.
+  virtual bool fills_sources() const { return false; }
   virtual void add_source_rows(int64_t /*batch*/, int64_t* /*counts*/) const {}
 };
 

@@ -47,9 +47,22 @@ int MixSource::child_of(int64_t id) const {
   return static_cast<int>(std::upper_bound(offsets_.begin(), offsets_.end(), id) - offsets_.begin()) - 1;
 }
 
+void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t count, const int64_t* local_ids,
+                         std::byte** part_ptrs) {
+  for (size_t p = 0; p < schema_.size(); ++p)
+    part_ptrs[p] = r.parts[p] + static_cast<size_t>(first) * schema_[p].row_bytes;
+  std::shared_ptr<void> extras;
+  FillRequest sub = r;
+  sub.ids = local_ids;
+  sub.count = count;
+  sub.parts = part_ptrs;
+  sub.extras = &extras;
+  sub.source_of = sub.local_ids = nullptr;
+  children_[static_cast<size_t>(child)]->fill(sub);
+  if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
+}
+
 void MixSource::fill(const FillRequest& r) {
-  // Local ids of the current run; per thread, reused from batch to batch.
-  thread_local std::vector<int64_t> local;
   const size_t parts = schema_.size();
   std::byte* inline_parts[kInlineParts];
   std::vector<std::byte*> many;
@@ -58,36 +71,37 @@ void MixSource::fill(const FillRequest& r) {
     many.resize(parts);
     part_ptrs = many.data();
   }
+  const int children = static_cast<int>(children_.size());
+  if (r.source_of && r.local_ids) {
+    // The plan's own split: runs of one source in source order (a binary search per source).
+    for (int64_t k = 0; k < r.count;) {
+      const int64_t j = r.source_of[k];
+      if (j < 0 || j >= children)
+        throw std::out_of_range("row " + std::to_string(k) + " names mixture source " + std::to_string(j));
+      const int64_t end =
+          std::partition_point(r.source_of + k, r.source_of + r.count, [j](int64_t s) { return s == j; }) - r.source_of;
+      if (end <= k || r.source_of[end - 1] != j)
+        throw std::logic_error("a plan's rows are not grouped by source (row " + std::to_string(k) + ")");
+      fill_run(r, static_cast<int>(j), k, end - k, r.local_ids + k, part_ptrs);
+      k = end;
+    }
+    return;
+  }
+  // Ids alone (in any order): split into runs of one child and translate, per thread scratch.
+  thread_local std::vector<int64_t> local;
   if (local.size() < static_cast<size_t>(r.count)) local.resize(static_cast<size_t>(r.count));
   int64_t* const local_ids = local.data();
-  int j = -1;
   for (int64_t k = 0; k < r.count;) {
-    // Runs come in source order: the next child is usually the one after the last.
-    const int64_t first = r.ids[k];
-    if (j + 1 < static_cast<int>(children_.size()) && first >= offsets_[static_cast<size_t>(j) + 1] &&
-        first < offsets_[static_cast<size_t>(j) + 2])
-      j = j + 1;
-    else
-      j = child_of(first);
+    const int j = child_of(r.ids[k]);
     const int64_t lo = offsets_[static_cast<size_t>(j)];
     const uint64_t rows = static_cast<uint64_t>(offsets_[static_cast<size_t>(j) + 1] - lo);
-    // The run of rows of child j, translated to its ids in one pass.
     int64_t end = k;
     for (; end < r.count; ++end) {
       const int64_t id = r.ids[end] - lo;
       if (static_cast<uint64_t>(id) >= rows) break;
       local_ids[end - k] = id;
     }
-    const int64_t run = end - k;
-    for (size_t p = 0; p < parts; ++p) part_ptrs[p] = r.parts[p] + static_cast<size_t>(k) * schema_[p].row_bytes;
-    std::shared_ptr<void> extras;
-    FillRequest sub = r;
-    sub.ids = local_ids;
-    sub.count = run;
-    sub.parts = part_ptrs;
-    sub.extras = &extras;
-    children_[static_cast<size_t>(j)]->fill(sub);
-    if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
+    fill_run(r, j, k, end - k, local_ids, part_ptrs);
     k = end;
   }
 }

@@ -32,7 +32,8 @@ Pipeline::Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const Ba
     // A Python consumer pays a few µs per wake-up (more than building a small batch): wake it
     // for half the window at once. A transfer thread wants each batch as soon as it exists.
     const int64_t wake = spec.native_consumer ? 1 : std::max<int64_t>(1, prefetch / 2);
-    outputs_.push_back(std::make_unique<Output>(std::move(spec.plan), spec.native_consumer, wake));
+    const bool by_source = source_->wants_sources() && spec.plan->fills_sources();
+    outputs_.push_back(std::make_unique<Output>(std::move(spec.plan), spec.native_consumer, wake, by_source));
     outputs_.back()->slots.resize(static_cast<size_t>(prefetch));
   }
 }
@@ -144,7 +145,7 @@ bool Pipeline::worth_waking(const Output& o) const {
   return true;
 }
 
-void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch) {
+void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& scratch, Batch* batch) {
   if (step == fail_at_step_)
     throw std::runtime_error("injected failure (test hook) at batch " + std::to_string(step));
   const Output& o = *outputs_[output];
@@ -154,9 +155,15 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   batch->parts.resize(L.num_parts());
   for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[p]->acquire();
   BatchRows out;
-  out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : ids_scratch.data();
+  const size_t rows = static_cast<size_t>(L.max_rows);
+  out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : scratch.data();
   out.valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
   out.sources = L.with_source ? reinterpret_cast<int64_t*>(batch->parts[L.source_part]->data()) : nullptr;
+  if (o.by_source) {
+    if (!out.sources) out.sources = scratch.data() + rows;
+    out.local_ids = scratch.data() + 2 * rows;
+    if (!L.with_index) out.ids = nullptr;  // the mixed source reads local ids: the ids go unread
+  }
   batch->rows = plan.fill(step, out);
   std::byte* parts[kMaxInlineParts];
   std::vector<std::byte*> many;
@@ -175,14 +182,20 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   request.step = step;
   request.thread = thread;
   request.extras = &batch->extras;
+  if (o.by_source) {
+    request.source_of = out.sources;
+    request.local_ids = out.local_ids;
+  }
   source_->fill(request);
 }
 
 void Pipeline::work(int thread) {
-  std::vector<int64_t> ids_scratch;
+  std::vector<int64_t> scratch;
   try {
-    // Only needed when the ids are not written into the batch itself.
-    if (!layout_->with_index) ids_scratch.resize(static_cast<size_t>(layout_->max_rows));
+    // Ids, when they are not written into the batch itself; a mixture's sources and local ids.
+    bool by_source = false;
+    for (const auto& o : outputs_) by_source |= o->by_source;
+    scratch.resize(static_cast<size_t>(layout_->max_rows) * (by_source ? 3 : layout_->with_index ? 0 : 1));
   } catch (...) {
     // An exception escaping a pool thread would std::terminate the process: report it instead.
     std::lock_guard<std::mutex> lock(mutex_);
@@ -220,7 +233,7 @@ void Pipeline::work(int thread) {
     std::exception_ptr failure;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      build(output, step, thread, ids_scratch, &batch);
+      build(output, step, thread, scratch, &batch);
     } catch (...) {
       failure = std::current_exception();
     }

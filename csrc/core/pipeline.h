@@ -100,6 +100,7 @@ class Pipeline {
     std::shared_ptr<const BatchPlan> plan;
     const int64_t num_batches;
     const uint64_t seed;
+    const bool by_source;  // the plan hands the source its rows' sources and local ids
     bool native_consumer;
     int64_t wake_batch;
     int64_t next_claim = 0;
@@ -109,8 +110,11 @@ class Pipeline {
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
     Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake)
-        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), native_consumer(native),
-          wake_batch(wake) {}
+        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), by_source(false),
+          native_consumer(native), wake_batch(wake) {}
+    Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake, bool sources)
+        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), by_source(sources),
+          native_consumer(native), wake_batch(wake) {}
   };
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now
@@ -118,7 +122,8 @@ class Pipeline {
   int64_t ready_count_locked(const Output& o) const;  // under mutex_
   bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
-  void build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch);
+  // scratch: ids (unless the layout has an index part), then a mixture's sources and local ids.
+  void build(int output, int64_t step, int thread, std::vector<int64_t>& scratch, Batch* batch);
 
   std::shared_ptr<BatchSource> source_;
   std::shared_ptr<const BatchLayout> layout_;

@@ -64,6 +64,7 @@ class StreamPlan final : public BatchPlan {
   int64_t sample_epoch(int64_t batch) const override { return first_ + batch; }
   int64_t position_after(int64_t batches_done) const override;  // the global step to resume at
   int num_sources() const override { return static_cast<int>(config_->sources.size()); }
+  bool fills_sources() const override { return true; }
   void add_source_rows(int64_t batch, int64_t* counts) const override;
 
   int64_t first_step() const { return first_; }

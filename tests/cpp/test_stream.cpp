@@ -451,6 +451,20 @@ TEST_CASE(mix_source_fills_each_run_from_its_child) {
     r.count = count;
     r.parts = parts;
     mix.fill(r);
+    if (it % 2) {  // grouped: the plan's split (each row's source and local id) fills the same rows
+      std::vector<int64_t> src, local, again_a(out_a.size(), 7), again_b(out_b.size(), 7);
+      for (int64_t id : ids) {
+        src.push_back(id < 5 ? 0 : id < 6 ? 1 : 2);
+        local.push_back(id - (id < 5 ? 0 : id < 6 ? 5 : 6));
+      }
+      std::byte* again[2] = {reinterpret_cast<std::byte*>(again_a.data()), reinterpret_cast<std::byte*>(again_b.data())};
+      FillRequest g = r;
+      g.parts = again;
+      g.source_of = src.data();
+      g.local_ids = local.data();
+      mix.fill(g);
+      CHECK(again_a == out_a && again_b == out_b);
+    }
     for (size_t i = 0; i < ids.size(); ++i) {
       const int64_t id = ids[i];
       const int j = id < 5 ? 0 : id < 6 ? 1 : 2;
