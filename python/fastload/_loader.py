@@ -396,7 +396,9 @@ class Loader:
             self._check_usable()
             check_fingerprint(self._source, self._fingerprint)
             indices = [self._gpu_index(dev) for dev in devices]
-            if self._pending is not None:
+            if self._runs is not None:
+                stream_run = self._next_stream_run(len(devices))  # raises before anything changes
+            elif self._pending is not None:
                 epoch, start = self._pending
                 replicas = self._world_size * len(devices)
                 if start and self._resume_replicas not in (None, replicas):
@@ -415,7 +417,7 @@ class Loader:
                 fds, pids = self._workers.start()
                 _C._attach_workers(self._native, fds, pids, self._workers.memory)
             if self._runs is not None:
-                run = self._start_stream(len(devices), indices)
+                run = self._start_stream(stream_run, indices)
             else:
                 run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
                 self._run_start = start
@@ -426,8 +428,9 @@ class Loader:
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches)
                     for d, i in enumerate(indices)]
 
-    def _start_stream(self, devices: int, indices: list[int]) -> Any:
-        """Starts the next run of a step-based loader (under self._lock)."""
+    def _next_stream_run(self, devices: int) -> tuple[int, int, int, Anchor, list[Any]]:
+        """(epoch, first step, end step, anchor, one sampler per device) of a step-based loader's
+        next run (under self._lock); changes nothing."""
         runs = self._runs
         assert runs is not None
         replicas = self._world_size * devices
@@ -441,7 +444,12 @@ class Loader:
                                                rerun=rerun, next_epoch=self._last_epoch + 1)
         samplers = [runs.stream.sampler(anchor, self._batch_size, replicas, self._rank * devices + d)
                     for d in range(devices)]
+        return epoch, first, end, anchor, samplers
+
+    def _start_stream(self, stream_run: tuple[int, int, int, Anchor, list[Any]], indices: list[int]) -> Any:
+        epoch, first, end, anchor, samplers = stream_run
         run = self._engine.start_stream(samplers, first, end, epoch, self._fail_at_batch, indices)
+        self._runs.begun(anchor)
         self._run_start, self._run_anchor, self._last_epoch = first, anchor, epoch
         return run
 

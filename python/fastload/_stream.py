@@ -94,12 +94,6 @@ class Stream:
         """Every source's stream position at the start of global step `step` of an anchor."""
         return list(self.sampler(anchor, anchor.global_batch, 1, 0).positions(step))
 
-    def rebase(self, global_batch: int, origin: int, positions: Sequence[int]) -> Anchor:
-        """Anchors the schedule of this global batch and the current weights at `origin`, where
-        the sources are at `positions`."""
-        self.anchor = Anchor(global_batch, self.sources.weights, origin, tuple(int(p) for p in positions))
-        return self.anchor
-
 
 def weights_text(weights: Sequence[Fraction]) -> list[str]:
     """Exact weights as strings ("3/5"), for the resume state."""
@@ -186,23 +180,27 @@ class StreamRuns:
             raise ValueError(f"epoch {epoch} starts at global step {step}, before step {anchor.origin} where this "
                              "loader's schedule was re-anchored (another global batch size or other weights); "
                              "epochs before that cannot be run again")
-        self.resume = None
         return epoch, step, max(step, end), anchor
 
+    def begun(self, anchor: Anchor) -> None:
+        """A run started with this anchor: it is the stream's from now on, and a loaded state is
+        used up."""
+        self.stream.anchor = anchor
+        self.resume = None
+
     def _anchor(self, global_batch: int, step: int, stand: Stand | None) -> Anchor:
+        """The anchor a run at this global batch starting at `step` uses (nothing is changed)."""
         st = self.stream
         weights = st.sources.weights
         if self.resume is not None:
             a = self.resume.anchor
             if a.global_batch == global_batch and a.weights == weights:
-                st.anchor = a
                 return a
-            return st.rebase(global_batch, step, self.resume.positions)
+            return Anchor(global_batch, weights, step, self.resume.positions)
         a = st.anchor
         if a is not None and a.global_batch == global_batch and a.weights == weights:
             return a
         if stand is None:
-            st.anchor = st.default_anchor(global_batch)
-            return st.anchor
+            return st.default_anchor(global_batch)
         positions = stand.positions if stand.positions is not None else st.positions(stand.anchor, stand.step)
-        return st.rebase(global_batch, step, positions)
+        return Anchor(global_batch, weights, step, tuple(int(p) for p in positions))
