@@ -420,12 +420,15 @@ def test_loader_held_device_memory_is_bounded():
     assert acc.item() == epochs * n  # every row of every batch was read on the device
     assert peaks[0]["device_bytes"] >= batch_bytes, "device_bytes does not count the loader's device buffers"
     # A leak of even one batch's buffers per epoch adds 7 batches between the first three and the
-    # last three epochs; timing may add one set of buffers once.
+    # last three epochs. Timing may grow a pool by a few batches, once: a pinned slot whose copy
+    # event has not completed yet when a collation thread needs one makes the pool grow rather
+    # than wait (seen: +2 batches of pinned slots at epoch 4 of 10 on a loaded host), within the
+    # per-step bounds checked above.
     for k, per_batch in (("device_bytes", batch_bytes), ("pinned_bytes", batch_bytes),
                          ("device_buffers", columns), ("pinned_buffers", columns)):
         early = max(p[k] for p in peaks[:3])
         late = max(p[k] for p in peaks[-3:])
-        assert late <= early + per_batch, f"{k} grew across epochs: {[p[k] for p in peaks]}"
+        assert late <= early + 3 * per_batch, f"{k} grew across epochs: {[p[k] for p in peaks]}"
     loader.close()
 
 
