@@ -2,11 +2,11 @@
 # The GPU check: one command on a GPU machine, each step bounded in time, so that a run lent for
 # at most 10 minutes gives a true answer even when a step hangs.
 #
-#   bash bench/gpu_check.sh               the check (at most ~9 minutes): build and install,
+#   bash bench/gpu_check.sh               the check (at most 9 minutes): build and install,
 #                                         tests/cuda with FASTLOAD_REQUIRE_CUDA=1, the rest of the
 #                                         suite as CI runs it (no GPU visible, not slow), the
 #                                         quick benchmark, a summary table
-#   bash bench/gpu_check.sh --full-bench  a second call (at most ~9 minutes): build and install,
+#   bash bench/gpu_check.sh --full-bench  a second call (at most 9 minutes): build and install,
 #                                         then the full benchmark alone, and the summary
 #
 # Everything goes to ${OUT:-/tmp/fastload-gpu-check}: gpu_check.log (all output), bench_gpu.json
@@ -16,7 +16,7 @@
 #
 # Environment: GPU_CHECK_SKIP_BUILD=1 uses the fastload already installed (CI's stand-in run);
 # GPU_CHECK_TIMEOUT_<STEP> (seconds) overrides a step's bound, STEP one of ENVIRONMENT, BUILD,
-# GPU_TESTS, SUITE, BENCHMARK; GPU_CHECK_TEST_TIMEOUT is the bound of one test (default 120 s);
+# GPU_TESTS, SUITE, BENCHMARK; GPU_CHECK_TEST_TIMEOUT is the bound of one test (default 80 s);
 # GPU_CHECK_SUITE_ARGS (space-separated paths or node ids) replaces the suite step's selection;
 # BENCH_ARGS adds benchmark options.
 set -u -o pipefail
@@ -36,19 +36,23 @@ LOG="$OUT_DIR/gpu_check.log"
 STEPS="$OUT_DIR/steps.tsv"
 PY="${PYTHON:-python3}"
 
-# Bounds in seconds. The check's worst case, every step running into its bound, is 540 s: the
-# 10-minute limit of one call keeps a minute for start-up and copying results out.
+# Bounds in seconds. The worst case, every step running into its bound and then ignoring SIGINT
+# for KILL_AFTER seconds, is 540 s in either mode (check: 20 + 100 + 90 + 180 + 90 + 10 + 5 x 10;
+# full bench: 20 + 100 + 380 + 10 + 3 x 10): the 10-minute limit of one call keeps a minute for
+# start-up and copying results out. Measured on a 2-core machine: the build took 72 s of CPU (on
+# 16 cores with ninja, well under 100 s of wall time); the not-slow suite ~270 s of wall time.
 if [ "$MODE" = check ]; then
-    DEFAULT_BENCH=110
+    DEFAULT_BENCH=90
 else
-    DEFAULT_BENCH=430
+    DEFAULT_BENCH=380
 fi
-T_ENVIRONMENT="${GPU_CHECK_TIMEOUT_ENVIRONMENT:-30}"
-T_BUILD="${GPU_CHECK_TIMEOUT_BUILD:-150}"
-T_GPU_TESTS="${GPU_CHECK_TIMEOUT_GPU_TESTS:-100}"
-T_SUITE="${GPU_CHECK_TIMEOUT_SUITE:-140}"
+T_ENVIRONMENT="${GPU_CHECK_TIMEOUT_ENVIRONMENT:-20}"
+T_BUILD="${GPU_CHECK_TIMEOUT_BUILD:-100}"
+T_GPU_TESTS="${GPU_CHECK_TIMEOUT_GPU_TESTS:-90}"
+T_SUITE="${GPU_CHECK_TIMEOUT_SUITE:-180}"
 T_BENCHMARK="${GPU_CHECK_TIMEOUT_BENCHMARK:-$DEFAULT_BENCH}"
-T_TEST="${GPU_CHECK_TEST_TIMEOUT:-120}"
+T_TEST="${GPU_CHECK_TEST_TIMEOUT:-80}"
+KILL_AFTER=10
 
 # A bound per test: pytest-timeout where installed (the GPU machine has it); else pytest's own
 # faulthandler_timeout dumps every thread's stack when a test runs too long, and the step's bound
@@ -58,18 +62,24 @@ if "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
 else
     TEST_TIMEOUT_OPTS=(-o "faulthandler_timeout=$T_TEST")
 fi
+# The suite on 4 processes where pytest-xdist is installed (the GPU machine has it) and there are
+# cores for them: one process took ~270 s here (2 busy cores), more than its bound.
+SUITE_PARALLEL=()
+if [ "$(nproc)" -ge 8 ] && "$PY" -c "import xdist" >/dev/null 2>&1; then
+    SUITE_PARALLEL=(-p xdist -n 4)
+fi
 
 now() { date +%s.%N; }
 
 # step NAME BOUND COMMAND...: runs COMMAND under `timeout` (SIGINT first, so pytest still writes
-# its report, then SIGKILL 15 s later), records "name status rc seconds bound" in steps.tsv.
+# its report, then SIGKILL KILL_AFTER s later), records "name status rc seconds bound" in steps.tsv.
 step() {
     local name=$1 bound=$2 start rc status seconds
     shift 2
     echo
     echo "== $name (bounded at ${bound} s): $*"
     start=$(now)
-    timeout --signal=INT --kill-after=15 "$bound" "$@"
+    timeout --signal=INT --kill-after="$KILL_AFTER" "$bound" "$@"
     rc=$?
     seconds=$(awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
     case $rc in
@@ -140,7 +150,7 @@ run_all() {
         # shellcheck disable=SC2206  # space-separated test paths or node ids
         [ -n "${GPU_CHECK_SUITE_ARGS:-}" ] && suite_args=($GPU_CHECK_SUITE_ARGS)
         CUDA_VISIBLE_DEVICES= step "rest of the suite" "$T_SUITE" \
-            "$PY" -m pytest -q -p no:cacheprovider "${TEST_TIMEOUT_OPTS[@]}" \
+            "$PY" -m pytest -q -p no:cacheprovider "${TEST_TIMEOUT_OPTS[@]}" "${SUITE_PARALLEL[@]}" \
             --junitxml="$OUT_DIR/junit_suite.xml" "${suite_args[@]}" || failed=1
     fi
 
@@ -152,7 +162,7 @@ run_all() {
         "${bench_args[@]}" || failed=1
 
     echo
-    timeout 30 "$PY" bench/gpu_check_report.py summary --out "$OUT_DIR" --mode "$MODE" || failed=1
+    timeout 10 "$PY" bench/gpu_check_report.py summary --out "$OUT_DIR" --mode "$MODE" || failed=1
     echo "== results: $OUT_DIR (gpu_check.log, summary.txt, bench_gpu.json, junit_*.xml)"
     return "$failed"
 }

@@ -10,6 +10,7 @@ anything about a GPU, torch's CUDA semantics or torch 2.11 (see tests/gpu_standi
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -119,19 +120,31 @@ def test_the_check_runs_green_end_to_end_on_the_stand_in(tmp_path, driver):
         assert header in log
 
 
-def test_a_failing_or_hanging_step_fails_the_check_and_says_which(tmp_path, driver):
-    failing = tmp_path / "tests_here" / "test_broken.py"
-    failing.parent.mkdir()
-    failing.write_text("def test_broken():\n    assert 1 == 2, 'a broken step'\n")
+def test_failing_and_hanging_steps_and_tests_fail_the_check_and_say_which(tmp_path, driver):
+    """A failing test, a hanging test (bounded per test: pytest-timeout fails it where installed,
+    else faulthandler dumps its stack and the step's bound stops it), a hanging GPU test step and
+    a hanging benchmark: each step says what happened, and the check fails."""
+    tests = tmp_path / "tests_here" / "test_broken.py"
+    tests.parent.mkdir()
+    tests.write_text("import time\n\n"
+                     "def test_a_broken():\n    assert 1 == 2, 'a broken step'\n\n"
+                     "def test_b_hangs():\n    time.sleep(600)\n")
     out = tmp_path / "out"
-    result = run_check(out, driver, GPU_CHECK_SUITE_ARGS=str(failing), GPU_CHECK_TIMEOUT_GPU_TESTS="3",
+    result = run_check(out, driver, GPU_CHECK_SUITE_ARGS=str(tests), GPU_CHECK_TEST_TIMEOUT="2",
+                       GPU_CHECK_TIMEOUT_SUITE="25", GPU_CHECK_TIMEOUT_GPU_TESTS="3",
                        GPU_CHECK_TIMEOUT_BENCHMARK="2")
     assert result.returncode != 0
+    plugin = importlib.util.find_spec("pytest_timeout") is not None
     assert steps(out) == {"environment": "ok", "build": "skipped", "GPU tests": "timeout",
-                          "rest of the suite": "failed", "benchmark": "timeout"}
+                          "rest of the suite": "failed" if plugin else "timeout", "benchmark": "timeout"}
     summary = (out / "summary.txt").read_text()
+    log = (out / "gpu_check.log").read_text()
     assert summary.startswith("fastload GPU check (check): FAILED")
-    assert "test_broken" in summary and "a broken step" in summary
+    assert "test_a_broken" in summary and "a broken step" in summary
+    if plugin:
+        assert "test_b_hangs" in summary and "Timeout" in summary
+    else:
+        assert "Timeout (0:00:02)!" in log and "test_b_hangs" in log  # faulthandler's stack dump
     assert "race check: no result" in summary
 
 

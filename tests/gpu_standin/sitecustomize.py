@@ -1,13 +1,18 @@
-"""A stand-in "GPU machine" for running bench/gpu_check.sh end to end without a GPU (only
-tests/test_gpu_check.py puts this directory on PYTHONPATH, with FASTLOAD_GPU_STANDIN=1).
+"""A stand-in "GPU machine" for running bench/gpu_check.sh end to end without a GPU: only
+tests/test_gpu_check.py puts this directory on PYTHONPATH, with FASTLOAD_GPU_STANDIN set to the
+path of the stand-in driver (tests/fake_cuda/build.py builds it).
 
 Python imports `sitecustomize` at start-up, so every process the script starts (pytest, its
-subprocesses, the benchmark) gets the same stand-in:
-- fastload's CUDA driver is the stand-in driver (FASTLOAD_LIBCUDA, tests/fake_cuda): the real
+subprocesses, the benchmark) gets the same stand-in, unless CUDA_VISIBLE_DEVICES is empty: then
+it does nothing at all and the process is the CPU machine CI runs on (the check's "rest of the
+suite" step runs so; were that variable missing there, the stand-in would show a GPU and the
+suite's stand-in driver tests would skip themselves, which tests/test_gpu_check.py catches).
+When active:
+- fastload's CUDA driver is the stand-in driver (FASTLOAD_LIBCUDA is set to it): the real
   transfer engine runs on it (streams are threads, "device" memory is host memory);
 - torch.cuda answers as a machine with that driver's devices would (is_available, device_count,
-  get_device_name, current_stream, Stream, Event, _sleep, synchronize...), and like real torch
-  it sees no GPU when CUDA_VISIBLE_DEVICES is empty;
+  get_device_name, current_stream, Stream, Event, _sleep, synchronize...); the calls that
+  initialise CUDA in torch make is_initialized() true here too;
 - a GPU Loader hands out CPU tensors: torch cannot import the stand-in's host memory as CUDA
   tensors, so its batches come through the loader's `_raw_device_batches` hook (each part read
   back through the driver on the consumer's stream) and become CPU tensors of the same dtype and
@@ -35,7 +40,8 @@ import time
 import types
 from typing import Any
 
-ENABLED = os.environ.get("FASTLOAD_GPU_STANDIN") == "1"
+DRIVER = os.environ.get("FASTLOAD_GPU_STANDIN", "")
+ENABLED = bool(DRIVER) and os.environ.get("CUDA_VISIBLE_DEVICES") != ""  # "": no GPU, as with CUDA
 DEVICE_NAME = "stand-in CUDA driver (tests/fake_cuda; host memory, no GPU)"
 _CYCLES_PER_SECOND = 1e9  # torch.cuda._sleep(cycles) sleeps the host this long
 
@@ -67,19 +73,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 # ----------------------------------------------------------------------------- torch.cuda
 def _driver() -> ctypes.CDLL:
-    path = os.environ.get("FASTLOAD_LIBCUDA")
-    if not path:
-        raise RuntimeError("FASTLOAD_GPU_STANDIN=1 needs FASTLOAD_LIBCUDA (the stand-in driver, "
-                           "built by tests/fake_cuda/build.py)")
-    lib = ctypes.CDLL(path)
+    lib = ctypes.CDLL(DRIVER)
     lib.fake_cuda_stat.argtypes = [ctypes.c_char_p]
     lib.fake_cuda_stat.restype = ctypes.c_longlong
     return lib
-
-
-def _visible() -> bool:
-    # As the real driver: CUDA_VISIBLE_DEVICES="" hides every GPU.
-    return os.environ.get("CUDA_VISIBLE_DEVICES") != ""
 
 
 class _Stream:
@@ -182,8 +179,8 @@ def _patch_torch(torch: types.ModuleType) -> None:
                                      multi_processor_count=0)
 
     replacements = {
-        "is_available": lambda: _visible() and count > 0,
-        "device_count": lambda: count if _visible() else 0,
+        "is_available": lambda: count > 0,
+        "device_count": lambda: count,
         "is_initialized": lambda: state["initialised"],
         "current_device": initialising(lambda: state["device"]),
         "set_device": initialising(set_device),
@@ -265,4 +262,5 @@ def _patch_fastload_loader(module: types.ModuleType) -> None:
 
 
 if ENABLED:
+    os.environ["FASTLOAD_LIBCUDA"] = DRIVER
     sys.meta_path.insert(0, _AfterImport({"torch": _patch_torch, "fastload._loader": _patch_fastload_loader}))
