@@ -390,6 +390,31 @@ def test_overwrite_refuses_what_is_not_a_dataset(tmp_path, monkeypatch):
     assert len(fl.Dataset.open(tmp_path / "link")) == 3
 
 
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_overwrite_refuses_a_directory_put_at_the_path_after_the_check(tmp_path, monkeypatch, exchange):
+    # What is at `path` is checked before the new dataset is swapped in; a directory that took its
+    # place in between (another process) must not be swapped out and deleted either.
+    from fastload import _replace
+
+    if not exchange:
+        monkeypatch.setattr(_replace, "_renameat2", None)
+    path = tmp_path / "d"
+    fl.write_dataset(path, {"x": np.arange(3)})
+    real = _replace.check_replaceable
+
+    def check_then_race(p):
+        real(p)
+        os.rename(path, tmp_path / "moved")
+        path.mkdir()
+        (path / "thesis.tex").write_text("years of work")
+
+    monkeypatch.setattr(_replace, "check_replaceable", check_then_race)
+    with pytest.raises(ValueError, match=r"refusing to replace .*d: it is not a fastload dataset directory"):
+        fl.write_dataset(path, {"x": np.arange(5)}, overwrite=True)
+    assert (path / "thesis.tex").read_text() == "years of work"
+    assert sorted(os.listdir(tmp_path)) == ["d", "moved"]  # nothing hidden, nothing left beside it
+
+
 def test_overwrite_of_a_dataset_leaves_only_the_new_one(tmp_path):
     for n in (10, 20, 5):
         fl.write_dataset(tmp_path / "d", {"x": np.arange(n)}, overwrite=True)
