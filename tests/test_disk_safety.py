@@ -534,6 +534,20 @@ def test_leftovers_of_a_live_writer_are_left_alone(tmp_path):
     assert os.listdir(tmp_path) == ["d"] and len(fl.Dataset.open(tmp_path / "d")) == 2
 
 
+def test_column_directories_never_clash_with_each_other_or_the_manifest(tmp_path):
+    # A name that cannot be a directory gets "column<k>"; a column may itself be named so, or be
+    # named like the manifest, or differ from another only in case (one directory on a
+    # case-insensitive filesystem).
+    cols = {"x/y": np.arange(4), "column0": np.arange(4) + 10, "manifest.json": np.arange(4) + 20,
+            "X": np.arange(4) + 30, "x": np.arange(4) + 40}
+    fl.write_dataset(tmp_path / "d", cols)
+    dirs = [e for e in os.listdir(tmp_path / "d") if e != "manifest.json"]
+    assert len({e.casefold() for e in dirs}) == len(cols) and (tmp_path / "d" / "manifest.json").is_file()
+    batch = next(iter(fl.Loader(fl.Dataset.open(tmp_path / "d"), 4, device="cpu")))
+    for name, values in cols.items():
+        assert batch[name].tolist() == values.tolist(), name
+
+
 # ---------------------------------------------------------------------------------- descriptors
 FD_LIMIT = """
     import os, resource, sys, numpy as np, fastload as fl
