@@ -293,6 +293,27 @@ def test_a_shard_truncated_under_a_loader_is_named_at_iter_not_sigbus(d):
         iter(loader)
 
 
+def test_verify_reads_the_files_opened_not_whatever_the_paths_name_now(d):
+    ds = fl.Dataset.open(d)
+    swap(d / "x" / "000000.npy", d / "x" / "000001.npy")  # same sizes, other bytes
+    with pytest.raises(fl.DatasetError, match=r"x/00000[01]\.npy: the shard was replaced by another file.*open the "
+                                              r"dataset again"):
+        ds.verify()  # was: "checksum mismatch ...: the shard is corrupt", of a shard that is fine
+    swap(d / "x" / "000000.npy", d / "x" / "000001.npy")
+    ds.verify()
+    os.remove(d / "r" / "000002.values.npy")
+    os.mkfifo(d / "r" / "000002.values.npy")  # a FIFO in its place after open(): refused, not waited on
+    out = []
+    t = threading.Thread(target=lambda: out.append(_try(ds.verify)), daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        unblock(d / "r" / "000002.values.npy")
+        t.join(5)
+        raise AssertionError("verify() blocked on a FIFO")
+    assert isinstance(out[0], fl.DatasetError) and "000002.values.npy" in str(out[0]), out
+
+
 def test_unchanged_files_pass_every_iter_and_a_reopen_sees_new_files(d):
     ds = fl.Dataset.open(d)
     loader = fl.Loader(ds, 10, device="cpu")

@@ -34,19 +34,19 @@ _VERIFY_CHUNK = 16 << 20
 _MAX_MANIFEST_BYTES = 1 << 30  # ~100 bytes a shard file; far above any real manifest
 
 
-def checksum_file(path: str, offset: int, nbytes: int) -> str:
+def _checksum(f: Any, offset: int, nbytes: int) -> str:
+    """Checksum64 of the bytes [offset, offset + nbytes) of the open file f."""
     h = _C.Checksum64()
     buf = bytearray(min(_VERIFY_CHUNK, max(nbytes, 1)))
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        left = nbytes
-        while left > 0:
-            n = f.readinto(view[:min(left, len(buf))])
-            if not n:
-                break
-            h.update(view[:n])
-            left -= n
+    f.seek(offset)
+    left = nbytes
+    while left > 0:
+        n = f.readinto(view[:min(left, len(buf))])
+        if not n:
+            break
+        h.update(view[:n])
+        left -= n
     return h.hexdigest()
 
 
@@ -133,15 +133,30 @@ class _File:
             self.check_header(bytes(memoryview(mapping)[:self.offset]))
         return a
 
-    def verify(self) -> None:
+    def _open_as_opened(self) -> int:
+        """A descriptor of the file, which must still be the one stat'ed at open: what a path names
+        now (another file swapped in, a FIFO that would block a plain open()) is named, never read."""
         try:
-            with open(self.path, "rb") as f:
-                self.check_header(f.read(self.offset))
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise DatasetError(f"{self.path}: shard file is missing") from None
-        if self.checksum is None:
-            return
-        got = checksum_file(self.path, self.offset, self.nbytes)
+            raise DatasetError(f"{self.path}: shard file is missing (deleted since the dataset was opened)") from None
+        except OSError as e:
+            raise DatasetError(f"{self.path}: cannot open the shard ({e.strerror or e})") from None
+        st = os.fstat(fd)
+        now = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if not _is_regular(st.st_mode) or (self.identity is not None and now != self.identity):
+            os.close(fd)
+            what = describe_change(self.identity, now) if _is_regular(st.st_mode) else "is no longer a regular file"
+            raise DatasetError(f"{self.path}: the shard {what}; open the dataset again")
+        return fd
+
+    def verify(self) -> None:
+        """Reads the file opened (its header, and its checksum if the manifest has one)."""
+        with open(self._open_as_opened(), "rb", buffering=0) as f:
+            self.check_header(f.read(self.offset))
+            if self.checksum is None:
+                return
+            got = _checksum(f, self.offset, self.nbytes)
         if got != self.checksum:
             raise DatasetError(f"{self.path}: checksum mismatch ({CHECKSUM} {got}, the manifest "
                                f"{self.checksum}): the shard is corrupt")
