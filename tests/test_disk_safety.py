@@ -3,6 +3,7 @@ DatasetError naming the file and the field), files that change between open() an
 that move, atomic and safe overwrites, and any number of shards under a small descriptor limit."""
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -382,6 +383,38 @@ def test_a_pickled_dataset_opens_in_a_process_with_another_working_directory(d, 
     proc = run(script, tmp_path / "p", cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == str(sum(range(100)))
+
+
+@pytest.mark.parametrize("checksum", [True, False])
+def test_a_pickled_or_copied_dataset_refuses_a_directory_rewritten_since(tmp_path, checksum):
+    # The same shapes and rows: only the manifest tells the datasets apart (its checksums, and the
+    # id every write records, which also separates writes made without checksums).
+    path = tmp_path / "d"
+    fl.write_dataset(path, {"x": np.arange(100, dtype=np.int64)}, rows_per_shard=30, checksum=checksum)
+    ds = fl.Dataset.open(path)
+    data = pickle.dumps(ds)
+    assert read_x(pickle.loads(data)).tolist() == list(range(100))  # unchanged: reopens fine
+    assert read_x(copy.deepcopy(ds)).tolist() == list(range(100))
+    fl.write_dataset(path, {"x": np.arange(100, 200, dtype=np.int64)}, rows_per_shard=30, overwrite=True,
+                     checksum=checksum)
+    with pytest.raises(fl.DatasetError, match=r"d: the dataset directory was rewritten since this Dataset was "
+                                              r"pickled or copied"):
+        pickle.loads(data)  # was: read the new dataset's rows as if they were the old one's
+    with pytest.raises(fl.DatasetError, match="rewritten since this Dataset was pickled or copied"):
+        copy.deepcopy(ds)
+    assert read_x(pickle.loads(pickle.dumps(fl.Dataset.open(path)))).tolist() == list(range(100, 200))
+
+
+def test_manifest_id_is_a_checked_field(d):
+    m = manifest(d)
+    assert isinstance(m["id"], str) and len(m["id"]) == 32
+    m["id"] = 7
+    rewrite(d, m)
+    with pytest.raises(fl.DatasetError, match=r"manifest\.json: field id: must be a string"):
+        fl.Dataset.open(d)
+    del m["id"]  # a directory written before ids: opens, and pickles by its manifest's contents
+    rewrite(d, m)
+    assert len(pickle.loads(pickle.dumps(fl.Dataset.open(d)))) == 100
 
 
 # ---------------------------------------------------------------------------------- overwrite

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
@@ -369,7 +370,8 @@ class DatasetWriter:
                 raise ValueError("nothing was appended: a dataset needs at least one row")
             if self._syncer is not None:
                 self._syncer.drain()  # every shard is on disk before the manifest names it
-            manifest = {"format": FORMAT, "version": VERSION, "rows": self._rows, "checksum":
+            # id: this write, whatever its contents (a pickled Dataset checks it reopens this one).
+            manifest = {"format": FORMAT, "version": VERSION, "id": secrets.token_hex(16), "rows": self._rows, "checksum":
                         CHECKSUM if self._checksum else None, "rows_per_shard": self.rows_per_shard,
                         "columns": [c.describe() for c in self._columns], "shards": self._shards}
             mpath = os.path.join(self._tmp, MANIFEST)
