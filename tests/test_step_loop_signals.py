@@ -174,6 +174,36 @@ def test_the_same_iterator_hands_out_the_interrupted_batch_next():
     assert got == [[2 * k, 2 * k + 1] for k in range(20)]
 
 
+def test_a_handler_that_checkpoints_without_raising_sees_only_the_batches_received():
+    # The SIGUSR1-to-checkpoint pattern: the handler saves the state and returns. It runs inside
+    # next(), before the batch is counted, so the state matches the batches the loop has received
+    # (and the model trained on); the batch is then handed out as usual. Before, it ran after
+    # next() returned: the state counted a batch the loop had not received yet.
+    loader = fl.Loader(Signalling(9), 2, device="cpu", num_workers=1, prefetch=1)
+    received: list = []
+    saved: list = []
+
+    def handler(signum, frame):
+        saved.append((loader.state_dict()["position"], 2 * len(received)))
+
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        it = iter(loader)
+        while True:
+            batch = next(it, None)
+            if batch is None:
+                break
+            received.append(batch["i"].tolist())
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        if gc_was_enabled:
+            gc.enable()
+    assert received == [[2 * k, 2 * k + 1] for k in range(20)]
+    assert saved == [(8, 8)], saved  # four batches received when the handler ran; the fifth signalled
+
+
 def test_the_stand_in_gpu_path_keeps_interrupted_batches_too():
     code = textwrap.dedent("""
         import os, sys, signal, tempfile, numpy as np
