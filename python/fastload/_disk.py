@@ -456,7 +456,7 @@ class DiskDataset:
             more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
             what = describe_change(f.identity, now)
             if now[0] != -1 and now[3] < f.identity[3]:
-                what = (f"it is {int(now[3])} bytes on disk, the manifest expects {f.identity[3]}: truncated since "
+                what = (f"is {int(now[3])} bytes on disk, the manifest expects {f.identity[3]}: truncated since "
                         "the dataset was opened (reading it would kill the process with SIGBUS)")
             raise DatasetError(f"{f.path}: the shard {what}{more}; open the dataset again and build a new Loader")
 
@@ -508,8 +508,8 @@ def _reopen(path: str, pad: Any, max_length: Any, rows: int, shard_sizes: list[i
     dataset, and a copy of the directory elsewhere (another machine) is still recognised."""
     ds = DiskDataset(path, pad=pad, max_length=max_length)
     if digest is not None and ds._digest != digest:
-        raise DatasetError(f"{path}: the dataset directory was rewritten since this Dataset was pickled or copied "
-                           "(its manifest.json differs); open it again")
+        raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied (it "
+                           "was rewritten: its manifest.json differs); open it again")
     if len(ds) != rows or ds._shard_sizes != shard_sizes:
         raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied "
                            f"({rows} rows in {len(shard_sizes)} shards then, {len(ds)} in {ds.num_shards} now)")
