@@ -14,6 +14,7 @@
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
 #include "bindings/exit_parking.h"
+#include "bindings/gc_visible.h"
 #include "bindings/process_workers.h"
 #include "bindings/py_source.h"
 #include "bindings/register.h"
@@ -35,13 +36,15 @@ constexpr std::chrono::milliseconds kSignalCheckInterval{50};
 // A wait ended because the epoch was cancelled.
 struct Cancelled {};
 
-// The Python-facing engine: the runtime, plus the source handle (whose Python objects own the
-// memory the threads read) and what Python needs to build tensors.
+// The Python-facing engine: the runtime, plus the source (fastload._C.BatchSource, whose Python
+// objects own the memory the threads read and the dataset they call) and what Python needs to
+// build tensors.
 class PyEngine {
  public:
-  PyEngine(const SourceHandle& source, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
+  PyEngine(py::object handle, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
            bool with_valid, int streams, std::shared_ptr<SharedMemoryAllocator> shared_memory, bool with_source)
-      : source_(source.keepalive) {
+      : source_(std::move(handle)) {
+    const SourceHandle& source = source_.cast<const SourceHandle&>();
     RuntimeOptions o;
     o.engine.num_threads = num_threads;
     o.engine.prefetch = prefetch;
@@ -62,6 +65,12 @@ class PyEngine {
   }
 
   void close() { without_gil([&] { runtime_->close(); }); }
+
+  // The collector's view: the source object (it visits what it holds; see gc_visible.h).
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(source_.ptr());
+    return 0;
+  }
 
   std::shared_ptr<Run> start(const std::vector<SamplerConfig>& configs, int64_t epoch, int64_t start_position,
                              int64_t fail_at_step, const std::vector<int>& devices) {
@@ -250,7 +259,7 @@ class PyEngine {
     return d;
   }
 
-  py::object source_;  // declared first: destroyed last, after the runtime has joined its threads
+  py::object source_;  // the BatchSource; declared first: destroyed last, after the runtime joined its threads
   std::shared_ptr<PythonSource> python_;  // the source, when it is a Python dataset
   std::chrono::milliseconds timeout_{0};  // a call into the dataset longer than this fails next()
   std::unique_ptr<LoaderRuntime> runtime_;
@@ -433,28 +442,15 @@ void register_loader(py::module_& m) {
   py::class_<Iterator>(m, "Iterator", "Hands out one output's batches of one epoch, in order, as "
                        "dict[str, torch.Tensor]. On a GPU each batch is ready on the stream that was "
                        "current (torch.cuda.current_stream) when next() was called.",
-                       py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-                         // Visible to the cycle collector: the iterator holds its Loader.
-                         auto* type = &heap_type->ht_type;
-                         type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-                         type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
-                           Py_VISIT(Py_TYPE(self));
-                           if (!py::detail::is_holder_constructed(self)) return 0;
-                           return py::cast<const Iterator&>(py::handle(self)).traverse(visit, arg);
-                         };
-                         type->tp_clear = [](PyObject* self) {
-                           if (py::detail::is_holder_constructed(self)) py::cast<Iterator&>(py::handle(self)).clear();
-                           return 0;
-                         };
-                       }))
+                       gc_visible<Iterator, /*Clears=*/true>())  // it holds its Loader
       .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool>())
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Iterator::next)
       .def("__len__", &Iterator::remaining);
 
-  py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const SourceHandle&, int64_t, int, int64_t, bool, bool, int,
-                    std::shared_ptr<SharedMemoryAllocator>, bool>(),
+  py::class_<PyEngine>(m, "Engine", gc_visible<PyEngine>())  // it holds its source
+      .def(py::init<py::object, int64_t, int, int64_t, bool, bool, int, std::shared_ptr<SharedMemoryAllocator>,
+                    bool>(),
            py::arg("source"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
            py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1, py::arg("shared_memory") = nullptr,
            py::arg("with_source") = false)

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/gc_visible.h"
 #include "bindings/register.h"
 #include "core/array_source.h"
 #include "core/batch_layout.h"
@@ -71,7 +72,8 @@ void register_sources(py::module_& m) {
     }
   });
   py::class_<SourceHandle>(m, "BatchSource",
-                           "A source the native engine reads: its parts (schema) and the objects it keeps alive.")
+                           "A source the native engine reads: its parts (schema) and the objects it keeps alive.",
+                           gc_visible<SourceHandle>())
       .def_property_readonly("schema", [](const SourceHandle& s) { return schema_list(s.source->schema()); },
                              "[(name, (dlpack code, bits), row_shape, row_bytes)] of every part it fills")
       .def_property_readonly("names", [](const SourceHandle& s) {

@@ -13,7 +13,7 @@ import torch
 
 from . import _C, _lifecycle
 from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory_limit
-from ._environment import cuda_index, default_num_threads, resolve_device, resolve_rank
+from ._environment import default_num_threads, resolve_device, resolve_rank
 from ._dataloader_args import refuse_dataloader_args
 from ._mix import Mix
 from ._python_source import PythonSource
@@ -102,8 +102,10 @@ class Loader:
             "pad" (repeat a few samples), "drop" (cut the remainder), "mask" (pad, and a bool
             "valid" column that is False on the padding).
         device: None (cuda:LOCAL_RANK if PyTorch sees a GPU, else "cpu"), "cpu", "cuda",
-            "cuda:N" or a torch.device. A GPU loader touches the CUDA driver only at its first
-            iter(); batches are ready on torch.cuda.current_stream() at the time of next().
+            "cuda:N" or a torch.device. "cuda" gets its index here, without initialising CUDA:
+            PyTorch's current device if CUDA is initialised, else LOCAL_RANK if set, else 0 (so
+            `.device` is always "cpu" or "cuda:N"). A GPU loader touches the CUDA driver only at
+            its first iter(); batches are ready on torch.cuda.current_stream() at next().
         num_threads: collation threads. None: the CPUs this process may use, divided among this
             job's processes on the node (LOCAL_WORLD_SIZE and what other launchers tell).
         prefetch: batches per device being built, copied or waiting for you. None: as many as fit
@@ -458,7 +460,7 @@ class Loader:
         at construction) that fastload's driver and PyTorch can both use it."""
         if device.type != "cuda":
             return -1
-        index = cuda_index(device)
+        index = device.index  # resolve_device always gives one
         count = _C.cuda_device_count()  # loads the driver; RuntimeError says why it cannot
         if not 0 <= index < count:
             raise ValueError(f"device {device} does not exist: the CUDA driver sees {count} device(s)")
