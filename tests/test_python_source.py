@@ -405,9 +405,10 @@ def test_stats_show_time_in_user_code_apart_from_collation():
     assert fl.Loader(fl.Dataset({"x": np.zeros(8)}), 4, device="cpu").stats().user_s == 0
 
 
-def test_user_time_of_fast_samples_is_estimated_from_some_of_them_and_stays_within_the_batch_time():
-    # Samples of a few µs are timed one in 8 (two clock reads per sample would cost a sixth of a
-    # small sample): the estimate must still be most of the workers' busy time, never more.
+def test_user_time_of_fast_samples_is_most_of_the_workers_time_and_never_more():
+    # __getitem__ is not timed call by call (two clock reads per sample would cost a sixth of a
+    # small sample): the batch's loop is timed whole, less fastload's writes sampled one in 8. The
+    # estimate must still be most of the workers' busy time, never more.
     class Busy:
         def __len__(self):
             return 4096

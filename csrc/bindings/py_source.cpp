@@ -45,12 +45,13 @@ int64_t coarse_now_ns() {
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
-// Time in the dataset's own code (stats' user_s): two steady_clock reads per sample cost ~90 ns
-// on a VM, a sixth of a small sample's whole cost. Samples faster than kTimeEverySampleNs on a
-// thread's last batch are timed one in kTimeStride, each timing standing for the samples up to
-// the next (the order is shuffled, so which ones are timed is as good as random); slower ones
-// are timed every time.
-constexpr int64_t kTimeEverySampleNs = 20000;
+// Time in the dataset's own code (stats' user_s): two steady_clock reads around every
+// __getitem__ cost ~90 ns on a VM, a sixth of a small sample's whole cost. Instead the loop over a
+// batch's samples is timed whole, and fastload's own part of it (writing a sample into the batch)
+// is timed for one sample in kTimeStride, each timing standing for the samples up to the next.
+// That part is short and steady, so the estimate is close; sampling __getitem__ itself was biased
+// low, because its rare long pauses (the garbage collector, being descheduled) were caught by a
+// timed sample only one time in kTimeStride and then capped.
 constexpr int64_t kTimeStride = 8;
 
 
@@ -235,6 +236,23 @@ bool current_sample(uint64_t* seed, int64_t* epoch, int64_t* id) {
   *epoch = t_sample.epoch;
   *id = t_sample.id;
   return true;
+}
+
+namespace {
+int traverse_tree(const TreeNode& node, visitproc visit, void* arg) {
+  for (const PyRef& key : node.keys) Py_VISIT(key.get());
+  Py_VISIT(node.type.get());
+  for (const TreeNode& child : node.children) {
+    if (const int r = traverse_tree(child, visit, arg)) return r;
+  }
+  return 0;
+}
+}  // namespace
+
+int PythonSource::traverse(visitproc visit, void* arg) const {
+  for (const PyRef* r : {&dataset_, &getitems_, &collate_, &worker_init_, &ascontiguous_, &int16_, &loads_})
+    Py_VISIT(r->get());
+  return traverse_tree(tree_, visit, arg);
 }
 
 PythonSource::PythonSource(py::object dataset, py::object getitems, py::object collate, py::object worker_init,
@@ -430,8 +448,7 @@ void PythonSource::fill(const FillRequest& r) {
 void PythonSource::fill_local(const FillRequest& r) {
   GilScope gil;
   Call& call = call_slot(r.thread);
-  const int64_t batch_t0 = now_ns();
-  int64_t user = 0;  // this batch's time in the dataset's code (estimated when samples are timed one in kTimeStride)
+  int64_t user = 0;  // this batch's time in the dataset's code
   if (worker_init_ && !call.initialized) {
     call.initialized = true;  // once per thread, whatever it does: a failure fails this batch
     PyRef index = PyRef::steal(PyLong_FromLong(r.thread));
@@ -472,8 +489,8 @@ void PythonSource::fill_local(const FillRequest& r) {
   } else if (collate_) {
     samples = PyRef::steal(PyList_New(r.count));
   }
-  const int64_t stride = call.time_stride;
-  int64_t timed_ns = 0, timed = 0;
+  const int64_t loop_t0 = now_ns();
+  int64_t own = 0;  // fastload's part of the loop: sampled writes, each standing for kTimeStride samples
   for (int64_t i = 0; i < r.count; ++i) {
     const int64_t id = r.ids[i];
     PyRef owned;
@@ -482,8 +499,6 @@ void PythonSource::fill_local(const FillRequest& r) {
       sample = PySequence_Fast_GET_ITEM(samples.get(), i);
     } else {
       PyRef key = PyRef::steal(PyLong_FromLongLong(id));
-      const bool timing = i % stride == 0;
-      const int64_t t0 = timing ? now_ns() : 0;
       call.since_ns.store(coarse_now_ns(), std::memory_order_release);
       call.id.store(id, std::memory_order_release);
       {
@@ -491,12 +506,6 @@ void PythonSource::fill_local(const FillRequest& r) {
         owned = PyRef::steal(PyObject_GetItem(dataset_.get(), key.get()));
       }
       call.id.store(-1, std::memory_order_release);
-      if (timing) {
-        const int64_t took = now_ns() - t0;
-        user += took * std::min(stride, r.count - i);  // it stands for the samples up to the next timed one
-        timed_ns += took;
-        ++timed;
-      }
       if (!owned) user_error(id, "dataset.__getitem__");
       sample = owned.get();
     }
@@ -506,9 +515,14 @@ void PythonSource::fill_local(const FillRequest& r) {
       else Py_DECREF(sample);
       continue;
     }
+    const bool timing = i % kTimeStride == 0;
+    const int64_t w0 = timing ? now_ns() : 0;
     write(tree_, sample, i, id, r.parts, objects.get(), FieldPath{});
+    if (timing) own += (now_ns() - w0) * std::min(kTimeStride, r.count - i);
   }
-  if (timed) call.time_stride = timed_ns / timed >= kTimeEverySampleNs ? 1 : kTimeStride;
+  // With __getitems__ the loop only writes (its call was timed above); else it is the calls and
+  // the writes.
+  if (!getitems_) user += std::max<int64_t>(0, now_ns() - loop_t0 - own);
   if (collate_) {
     const int64_t t0 = now_ns();
     PyRef batch = PyRef::steal(PyObject_CallFunctionObjArgs(collate_.get(), samples.get(), nullptr));
@@ -525,8 +539,7 @@ void PythonSource::fill_local(const FillRequest& r) {
     extras->object = std::move(objects);
     *r.extras = std::move(extras);
   }
-  // An estimate from timed samples never exceeds the batch's own time.
-  user_ns_.fetch_add(std::min(user, now_ns() - batch_t0), std::memory_order_relaxed);
+  user_ns_.fetch_add(user, std::memory_order_relaxed);
 }
 
 py::object PythonSource::build(const TreeNode& node, const std::vector<py::object>& parts, PyObject* objects) const {
@@ -678,7 +691,11 @@ void register_python_source(py::module_& m) {
     }
     auto source = std::make_shared<PythonSource>(dataset, getitems, collate, worker_init, std::move(leaves),
                                                  tree_from(tree), size, objects);
-    return SourceHandle{source, dataset};
+    SourceHandle handle{source, dataset};
+    handle.traverse_source = [](const BatchSource& s, visitproc visit, void* arg) {
+      return static_cast<const PythonSource&>(s).traverse(visit, arg);
+    };
+    return handle;
   }, py::arg("dataset"), py::arg("getitems"), py::arg("collate"), py::arg("worker_init"), py::arg("leaves"),
      py::arg("tree"), py::arg("size"));
 

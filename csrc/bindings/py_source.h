@@ -107,6 +107,9 @@ class PythonSource final : public BatchSource {
   // for how long (for the loader's timeout=).
   std::string overdue(std::chrono::milliseconds limit) const;
   bool collates() const { return collate_.get() != nullptr; }
+  // Visits every Python object this source holds a reference to (for the cycle collector, through
+  // the BatchSource handle that owns it; see bindings/source.h).
+  int traverse(visitproc visit, void* arg) const;
 
  private:
   void write(const TreeNode& node, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
@@ -131,7 +134,6 @@ class PythonSource final : public BatchSource {
     std::atomic<bool> batch{false};  // a whole batch in a worker process, starting at `id`
     std::atomic<int64_t> since_ns{0};  // CLOCK_MONOTONIC_COARSE
     bool initialized = false;  // worker_init ran on this thread (touched by that thread only)
-    int64_t time_stride = 1;   // every how many samples __getitem__ is timed (that thread only)
   };
   mutable std::mutex calls_mutex_;
   mutable std::vector<std::unique_ptr<Call>> calls_;  // by collation thread; grows under calls_mutex_
