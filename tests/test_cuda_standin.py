@@ -427,3 +427,92 @@ def test_stats_count_the_copies_of_each_device(driver):
     assert all(c.count == 10 and c.busy_s > 0 for c in s.copy.values())
     assert s.pinned_bytes > 0 and s.device_bytes > 0 and s.host_bytes == 0
     assert "copy cuda:0#0" in str(s)
+
+
+# ---- CUDA graphs: a user's stream capture in global mode (torch.cuda.graph's default)
+
+_R = ctypes.c_int
+
+
+def driver_fn(lib, name: str, *argtypes):
+    """An entry point of the stand-in, fetched as fastload fetches it."""
+    pfn = ctypes.c_void_p()
+    rc = lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(pfn), 12000, 0, ctypes.byref(ctypes.c_int()))
+    assert rc == 0 and pfn.value, name
+    return ctypes.CFUNCTYPE(_R, *argtypes)(pfn.value)
+
+
+class Capture:
+    """A user's stream capture on a stream of its own, begun and ended on the calling thread (the
+    test's thread, which iterates the loader), in global mode unless told otherwise."""
+
+    def __init__(self, lib, mode: int = 0):
+        lib.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                            ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]
+        vp = ctypes.c_void_p
+        self.ctx_set = driver_fn(lib, "cuCtxSetCurrent", vp)
+        self.retain = driver_fn(lib, "cuDevicePrimaryCtxRetain", ctypes.POINTER(vp), ctypes.c_int)
+        self.stream_create = driver_fn(lib, "cuStreamCreate", ctypes.POINTER(vp), ctypes.c_uint)
+        self.begin = driver_fn(lib, "cuStreamBeginCapture", vp, ctypes.c_int)
+        self.end = driver_fn(lib, "cuStreamEndCapture", vp, ctypes.POINTER(vp))
+        self.mode = mode
+        assert driver_fn(lib, "cuInit", ctypes.c_uint)(0) == 0
+        ctx = vp()
+        assert self.retain(ctypes.byref(ctx), 0) == 0
+        assert self.ctx_set(ctx) == 0
+        self.stream = vp()
+        assert self.stream_create(ctypes.byref(self.stream), 1) == 0
+
+    def __enter__(self):
+        assert self.begin(self.stream, self.mode) == 0
+        return self
+
+    def __exit__(self, *exc):
+        graph = ctypes.c_void_p()
+        self.result = self.end(self.stream, ctypes.byref(graph))  # 901: the loader broke the capture
+
+
+def test_a_users_graph_capture_is_never_broken_by_the_loader(driver):
+    # The loader starts, grows its pools (batches held beyond prefetch) and copies while this thread
+    # captures a graph in global mode; then a second epoch starts (trimming the grown pools) inside
+    # another capture. No call of fastload's, on any thread, may fail or invalidate the capture.
+    x = np.arange(30_000, dtype=np.int64).reshape(3000, 10)
+    loader = gpu_loader(fl.Dataset({"x": x}), 50, shuffle=True, with_index=True, prefetch=3, streams=2)
+    capture = Capture(driver)
+    for epoch in range(2):
+        with capture:
+            it = iter(loader)
+            held = [next(it) for _ in range(12)]
+        assert capture.result == 0, (epoch, misuses(driver))
+        for batch in held:
+            np.testing.assert_array_equal(read(batch["x"], np.int64), x[read(batch["index"], np.int64)])
+        del held
+        for batch in it:
+            np.testing.assert_array_equal(read(batch["x"], np.int64), x[read(batch["index"], np.int64)])
+
+
+def calls(lib, name: str) -> int:
+    lib.fake_cuda_calls.argtypes = [ctypes.c_char_p]
+    lib.fake_cuda_calls.restype = ctypes.c_longlong
+    return lib.fake_cuda_calls(name.encode())
+
+
+def test_the_steady_state_makes_no_allocation_or_synchronising_call(driver):
+    # After a first epoch, a loop that reads each batch on its stream and drops it makes no
+    # allocation, free, page-locking or context/stream synchronisation, on any thread: nothing
+    # that could stall the device or break a graph capture, and no per-batch cost but the copies.
+    x = np.arange(40_000, dtype=np.float32).reshape(4000, 10)
+    loader = gpu_loader(fl.Dataset({"x": x, "y": np.arange(4000)}), 100, shuffle=True, prefetch=3, streams=2)
+    for batch in loader:  # warm-up: pools fill, the scratch of touch() is allocated
+        batch["x"].touch()
+    before = {k: calls(driver, k) for k in ("implicit_syncs", "cuMemAlloc", "cuMemHostAlloc", "cuMemcpyHtoDAsync")}
+    n = 0
+    for _ in range(2):
+        for batch in loader:
+            batch["x"].touch()
+            batch["y"].touch()
+            n += 1
+    del batch
+    after = {k: calls(driver, k) for k in before}
+    assert after["implicit_syncs"] == before["implicit_syncs"], (before, after)
+    assert after["cuMemcpyHtoDAsync"] - before["cuMemcpyHtoDAsync"] == 2 * n  # one copy per column

@@ -21,8 +21,8 @@ template <typename F>
 bool fetch(void* getter, bool v2, const char* name, F* out, std::string* error) {
   void* p = nullptr;
   api::CUresult r;
+  int status = 0;
   if (v2) {
-    int status = 0;
     r = reinterpret_cast<api::PFN_cuGetProcAddress_v2>(getter)(name, &p, api::kApiVersion,
                                                                api::CU_GET_PROC_ADDRESS_DEFAULT, &status);
   } else {
@@ -30,7 +30,10 @@ bool fetch(void* getter, bool v2, const char* name, F* out, std::string* error) 
                                                                api::CU_GET_PROC_ADDRESS_DEFAULT);
   }
   if (r != api::CUDA_SUCCESS || !p) {
-    *error = std::string("the CUDA driver lacks ") + name + " (driver too old for CUDA 12 entry points?)";
+    *error = std::string("the CUDA driver lacks ") + name +
+             (status == api::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                  ? " at the CUDA version fastload asks for (" + std::to_string(api::kApiVersion) + ")"
+                  : std::string(" (a driver older than CUDA 12?)"));
     return false;
   }
   *out = reinterpret_cast<F>(p);
@@ -89,6 +92,7 @@ Loaded load() {
   FASTLOAD_FETCH(cuMemFreeHost)
   FASTLOAD_FETCH(cuMemcpyHtoDAsync)
   FASTLOAD_FETCH(cuMemcpyDtoHAsync)
+  FASTLOAD_FETCH(cuThreadExchangeStreamCaptureMode)
 #undef FASTLOAD_FETCH
   const api::CUresult init = f.cuInit(0);
   if (init == api::CUDA_ERROR_STUB_LIBRARY) {

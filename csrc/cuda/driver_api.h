@@ -27,6 +27,10 @@ constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x1;
 constexpr int CU_GET_PROC_ADDRESS_DEFAULT = 0;
+constexpr int CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2;  // the symbol status out-parameter
+// CUstreamCaptureMode.
+constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
+constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 // The API version whose entry points we ask for: CUDA 12.0 (size_t sizes, _v2 semantics).
 constexpr int kApiVersion = 12000;
 
@@ -60,6 +64,7 @@ struct Functions {
   CUresult (*cuMemFreeHost)(void*) = nullptr;
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // CUDA 10.1
 };
 
 }  // namespace fastload::cuda::api

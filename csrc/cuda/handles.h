@@ -41,6 +41,28 @@ class ScopedContext {
   bool switched_ = false, ok_ = false;
 };
 
+// A user's CUDA graph capture in global mode (torch.cuda.graph's default) makes every call that may
+// synchronise or allocate (cuEventQuery/Synchronize, cuStreamSynchronize, cuMemAlloc/Free,
+// cuMemHostAlloc/FreeHost, cuMemHostRegister ...) fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+// on any thread that is not in relaxed capture mode, and invalidates the user's capture. So:
+// fastload's own threads (transfer, retire, deferred frees) switch to relaxed mode for good before
+// their first driver call; on any other thread (the user's, and the collation threads, which may
+// run the user's dataset code) each such call runs inside a RelaxedCapture scope, which restores
+// the thread's own mode after.
+void relax_capture_for_this_thread();  // throws DriverError
+
+class RelaxedCapture {
+ public:
+  RelaxedCapture() noexcept;  // a failure leaves the mode as it was (the call then fails as before)
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool exchanged_ = false;
+};
+
 class Stream {
  public:
   // Non-blocking: a blocking stream would serialise with PyTorch's legacy default stream.

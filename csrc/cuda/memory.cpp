@@ -9,6 +9,7 @@ namespace fastload::cuda {
 
 void* PinnedAllocator::allocate(size_t bytes) {
   ScopedContext scope(*ctx_);
+  RelaxedCapture relaxed;  // collation threads run user code: their own mode is theirs
   void* p = nullptr;
   const api::CUresult r = driver().cuMemHostAlloc(&p, bytes ? bytes : 1, api::CU_MEMHOSTALLOC_PORTABLE);
   if (r == api::CUDA_ERROR_OUT_OF_MEMORY) throw std::bad_alloc();
@@ -18,6 +19,7 @@ void* PinnedAllocator::allocate(size_t bytes) {
 
 void PinnedAllocator::deallocate(void* p, size_t) noexcept {
   ScopedContext scope(*ctx_);
+  RelaxedCapture relaxed;
   log_failure(driver().cuMemFreeHost(p), "cuMemFreeHost");
 }
 
@@ -54,6 +56,7 @@ std::shared_ptr<DeviceBuffer> DevicePool::acquire() {
   }
   if (!b) {
     ScopedContext scope(*ctx_);
+    RelaxedCapture relaxed;
     api::CUdeviceptr ptr = 0;
     check(driver().cuMemAlloc(&ptr, bytes_), "cuMemAlloc");
     try {
@@ -82,6 +85,7 @@ void DevicePool::give_back(DeviceBuffer* b) noexcept {
 void DevicePool::free_buffer(DeviceBuffer* b) noexcept {
   {
     ScopedContext scope(*ctx_);
+    RelaxedCapture relaxed;
     // The last consumer's queued reads may still run: freeing under them would be a
     // use-after-free on the device (cuMemFree's implicit synchronisation is not a contract).
     if (b->release_pending_) log_failure(driver().cuEventSynchronize(b->release_.get()), "cuEventSynchronize");

@@ -101,6 +101,7 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
   std::exception_ptr error;
   bool cancelled = false;
   try {
+    relax_capture_for_this_thread();  // before any other driver call on this thread
     ctx_->make_current();
     for (int64_t index = 0;; ++index) {
       retire(false);
@@ -169,6 +170,7 @@ void TransferEngine::issue(Batch batch, int64_t index) {
   } catch (...) {
     // Copies already queued from this batch's pinned parts must finish before the parts go
     // back to the pool (and may be rewritten or freed) as this function unwinds.
+    RelaxedCapture relaxed;
     log_failure(f.cuStreamSynchronize(stream.get()), "cuStreamSynchronize");
     drop(d);
     throw;
