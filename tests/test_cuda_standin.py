@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -429,17 +430,50 @@ def test_stats_count_the_copies_of_each_device(driver):
     assert "copy cuda:0#0" in str(s)
 
 
-# ---- CUDA graphs: a user's stream capture in global mode (torch.cuda.graph's default)
+# ---- What the user's side of the process does with the driver (torch's part on a real GPU)
 
 _R = ctypes.c_int
+_VP = ctypes.c_void_p
 
 
-def driver_fn(lib, name: str, *argtypes):
-    """An entry point of the stand-in, fetched as fastload fetches it."""
-    pfn = ctypes.c_void_p()
-    rc = lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(pfn), 12000, 0, ctypes.byref(ctypes.c_int()))
-    assert rc == 0 and pfn.value, name
-    return ctypes.CFUNCTYPE(_R, *argtypes)(pfn.value)
+class User:
+    """The user's own driver calls, on the calling thread: device 0's primary context made
+    current, streams of its own (as torch.cuda.Stream() makes), captures, synchronisation, and
+    kernels that keep a stream busy (like torch.cuda._sleep) or fault."""
+
+    def __init__(self, lib):
+        self.lib = lib
+        lib.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(_VP), ctypes.c_int, ctypes.c_ulonglong,
+                                            ctypes.POINTER(ctypes.c_int)]
+        lib.fake_cuda_stream_sleep.argtypes = [_VP, ctypes.c_longlong]
+        lib.fake_cuda_fault.argtypes = [_VP, ctypes.c_int]
+        assert self.fn("cuInit", ctypes.c_uint)(0) == 0
+        ctx = _VP()
+        assert self.fn("cuDevicePrimaryCtxRetain", ctypes.POINTER(_VP), ctypes.c_int)(ctypes.byref(ctx), 0) == 0
+        self.ctx = ctx
+        self.current()
+
+    def fn(self, name: str, *argtypes):
+        """An entry point of the stand-in, fetched as fastload fetches it."""
+        pfn = _VP()
+        rc = self.lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(pfn), 12000, 0, ctypes.byref(ctypes.c_int()))
+        assert rc == 0 and pfn.value, name
+        return ctypes.CFUNCTYPE(_R, *argtypes)(pfn.value)
+
+    def current(self) -> None:
+        """Makes device 0 current on the calling thread (torch does this on each of its threads)."""
+        assert self.fn("cuCtxSetCurrent", _VP)(self.ctx) == 0
+
+    def stream(self, non_blocking: bool = True) -> int:
+        s = _VP()
+        assert self.fn("cuStreamCreate", ctypes.POINTER(_VP), ctypes.c_uint)(ctypes.byref(s), int(non_blocking)) == 0
+        return s.value
+
+    def synchronize(self, stream: int) -> None:
+        assert self.fn("cuStreamSynchronize", _VP)(stream) == 0
+
+    def sleep(self, stream: int, us: int) -> None:
+        assert self.lib.fake_cuda_stream_sleep(stream, us) == 0
 
 
 class Capture:
@@ -447,21 +481,11 @@ class Capture:
     test's thread, which iterates the loader), in global mode unless told otherwise."""
 
     def __init__(self, lib, mode: int = 0):
-        lib.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
-                                            ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]
-        vp = ctypes.c_void_p
-        self.ctx_set = driver_fn(lib, "cuCtxSetCurrent", vp)
-        self.retain = driver_fn(lib, "cuDevicePrimaryCtxRetain", ctypes.POINTER(vp), ctypes.c_int)
-        self.stream_create = driver_fn(lib, "cuStreamCreate", ctypes.POINTER(vp), ctypes.c_uint)
-        self.begin = driver_fn(lib, "cuStreamBeginCapture", vp, ctypes.c_int)
-        self.end = driver_fn(lib, "cuStreamEndCapture", vp, ctypes.POINTER(vp))
+        self.user = User(lib)
+        self.begin = self.user.fn("cuStreamBeginCapture", _VP, ctypes.c_int)
+        self.end = self.user.fn("cuStreamEndCapture", _VP, ctypes.POINTER(_VP))
         self.mode = mode
-        assert driver_fn(lib, "cuInit", ctypes.c_uint)(0) == 0
-        ctx = vp()
-        assert self.retain(ctypes.byref(ctx), 0) == 0
-        assert self.ctx_set(ctx) == 0
-        self.stream = vp()
-        assert self.stream_create(ctypes.byref(self.stream), 1) == 0
+        self.stream = self.user.stream()
 
     def __enter__(self):
         assert self.begin(self.stream, self.mode) == 0
@@ -503,16 +527,53 @@ def test_the_steady_state_makes_no_allocation_or_synchronising_call(driver):
     # that could stall the device or break a graph capture, and no per-batch cost but the copies.
     x = np.arange(40_000, dtype=np.float32).reshape(4000, 10)
     loader = gpu_loader(fl.Dataset({"x": x, "y": np.arange(4000)}), 100, shuffle=True, prefetch=3, streams=2)
-    for batch in loader:  # warm-up: pools fill, the scratch of touch() is allocated
-        batch["x"].touch()
-    before = {k: calls(driver, k) for k in ("implicit_syncs", "cuMemAlloc", "cuMemHostAlloc", "cuMemcpyHtoDAsync")}
-    n = 0
-    for _ in range(2):
+
+    def epoch() -> int:
+        # Two batches alive while the window refills, as in `for batch in loader` at the moment
+        # next() hands over the next batch (here made the rule rather than a rare timing).
+        n, previous = 0, None
         for batch in loader:
             batch["x"].touch()
             batch["y"].touch()
+            time.sleep(0.001)  # the loader runs ahead and refills its window meanwhile
+            previous = batch  # noqa: F841 - dropped one step later
             n += 1
-    del batch
+        return n
+
+    epoch()  # warm-up: pools fill, the scratch of touch() is allocated
+    before = {k: calls(driver, k) for k in ("implicit_syncs", "cuMemAlloc", "cuMemHostAlloc", "cuMemcpyHtoDAsync")}
+    n = epoch() + epoch()
     after = {k: calls(driver, k) for k in before}
     assert after["implicit_syncs"] == before["implicit_syncs"], (before, after)
     assert after["cuMemcpyHtoDAsync"] - before["cuMemcpyHtoDAsync"] == 2 * n  # one copy per column
+
+
+# ---- A failed release record
+
+def test_a_failed_release_record_never_lets_the_next_copy_skip_its_wait(driver):
+    # The consumer stream (one of the user's) reads each batch late; for some batches the record
+    # of the release event fails when the batch dies. The next copy into that memory must still
+    # come after the read: the stand-in reports any copy that is not.
+    user = User(driver)
+    consumer = user.stream()
+    driver.fake_cuda_configure(b"max_delay_us", 2000)
+    x = np.arange(40_000, dtype=np.int64).reshape(4000, 10)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2, streams=1)
+    loader._test_stream = consumer
+    try:
+        i = 0
+        for batch in loader:  # (not enumerate: its result tuple would keep the batch alive)
+            batch["x"].touch()  # a read queued on the consumer stream
+            if i % 3 == 1:
+                driver.fake_cuda_configure(b"fail_event_record_on", consumer)
+            del batch
+            driver.fake_cuda_configure(b"fail_event_record_on", 0)
+            i += 1
+        user.synchronize(consumer)
+        for batch in loader:  # the memory is still correct and still reused
+            np.testing.assert_array_equal(read(batch["x"], np.int64), x[read(batch["index"], np.int64)])
+        mem = loader._memory()
+        assert mem["device_buffers"] <= 2 * (2 + 2) and mem["device_retired"] == 0, mem  # synchronised instead
+    finally:
+        driver.fake_cuda_configure(b"fail_event_record_on", 0)
+        driver.fake_cuda_configure(b"max_delay_us", 100)

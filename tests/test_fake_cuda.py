@@ -101,6 +101,7 @@ DEFAULTS = {
     "fail_copy_after": -1,
     "fail_event_sync_after": -1,
     "fail_event_record_after": -1,
+    "fail_event_record_on": 0,
     "total_memory": 16 << 30,
     "other_allocator_bytes": 0,
     "driver_version": 12040,
@@ -658,6 +659,11 @@ def test_copy_and_event_failures(cuda: FakeCuda):
     assert cuda.configure("fail_event_record_after", 0) == 0
     e = cuda.event()
     assert cuda.cuEventRecord(e, s) == OUT_OF_MEMORY  # once, and not sticky
+    cuda.ok(cuda.cuEventRecord(e, s))
+    assert cuda.configure("fail_event_record_on", s) == 0  # every record on that stream
+    assert cuda.cuEventRecord(e, s) == OUT_OF_MEMORY
+    cuda.ok(cuda.cuEventRecord(e, 0))
+    assert cuda.configure("fail_event_record_on", 0) == 0
     cuda.ok(cuda.cuEventRecord(e, s))
 
     # An injected illegal address stands for a kernel that faulted: the error is sticky.

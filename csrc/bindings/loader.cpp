@@ -111,6 +111,7 @@ class PyEngine {
     d["device_bytes"] = c.device_bytes;
     d["device_buffers"] = c.device_buffers;
     d["device_allocations"] = c.device_allocations;
+    d["device_retired"] = c.device_retired;
     d["batches_copied"] = c.batches_copied;
     d["num_threads"] = c.num_threads;
     return d;
@@ -251,9 +252,10 @@ const char* const kSupersededMessage =
 // never lost; the handed-out count that state_dict() reads moves in the same step.
 class Iterator {
  public:
-  Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw)
+  Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw,
+           uintptr_t test_stream)
       : owner_(std::move(owner)), engine_(std::move(engine)), run_(std::move(run)), output_(output), device_(device),
-        raw_(raw) {
+        raw_(raw), test_stream_(test_stream) {
     if (device_ >= 0 && !raw_) current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
     if (!raw_) {
       py::object torch_c = py::module_::import("torch._C");
@@ -276,7 +278,7 @@ class Iterator {
       ++run_->handed[static_cast<size_t>(output_)];
       return batch;
     }
-    uintptr_t stream = 0;
+    uintptr_t stream = test_stream_;
     if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
     const bool counting = engine.counting();
     const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
@@ -359,6 +361,7 @@ class Iterator {
   int output_;
   int device_;
   bool raw_;
+  uintptr_t test_stream_;  // the consumer stream of raw device batches (tests)
   py::object current_stream_, from_dlpack_;
   py::object pending_ = py::none();  // a batch taken but not handed out (a signal interrupted next())
 };
@@ -416,7 +419,9 @@ void register_loader(py::module_& m) {
                            return 0;
                          };
                        }))
-      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool>())
+      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool, uintptr_t>(), py::arg("owner"),
+           py::arg("engine"), py::arg("epoch"), py::arg("output"), py::arg("device"), py::arg("raw") = false,
+           py::arg("test_stream") = 0)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Iterator::next)
       .def("__len__", &Iterator::remaining);

@@ -77,6 +77,7 @@ Loaded load() {
   FASTLOAD_FETCH(cuDevicePrimaryCtxRelease)
   FASTLOAD_FETCH(cuCtxSetCurrent)
   FASTLOAD_FETCH(cuCtxGetCurrent)
+  FASTLOAD_FETCH(cuCtxSynchronize)
   FASTLOAD_FETCH(cuStreamCreate)
   FASTLOAD_FETCH(cuStreamDestroy)
   FASTLOAD_FETCH(cuStreamWaitEvent)

@@ -34,6 +34,17 @@ void DeviceBuffer::release_after(api::CUstream stream) noexcept {
     return;
   }
   log_failure(r, "cuEventRecord (batch release)");
+  // Everything queued anywhere on the device before now includes the consumer's reads (the last
+  // reference is gone, so no new ones can come): once it has run, the memory is free. Rare, and
+  // a stall rather than a race.
+  RelaxedCapture relaxed;
+  const api::CUresult s = driver().cuCtxSynchronize();
+  if (s == api::CUDA_SUCCESS) {
+    release_pending_ = false;
+    return;
+  }
+  log_failure(s, "cuCtxSynchronize (after a failed batch release)");
+  retired_ = true;
 }
 
 std::shared_ptr<DevicePool> DevicePool::create(std::shared_ptr<PrimaryContext> ctx, size_t bytes, int64_t keep) {
@@ -79,6 +90,10 @@ void DevicePool::give_back(DeviceBuffer* b) noexcept {
   // In a forked child the parent's threads may have held this mutex: leak instead of locking.
   if (fork_generation() != fork_generation_) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (b->retired_) {  // reads of it may still be queued: neither reused nor freed (leaked)
+    ++retired_;
+    return;
+  }
   free_.push_back(b);
 }
 
@@ -117,6 +132,11 @@ int64_t DevicePool::live() const {
 int64_t DevicePool::allocations() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return allocations_;
+}
+
+int64_t DevicePool::retired() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return retired_;
 }
 
 }  // namespace fastload::cuda

@@ -48,8 +48,12 @@ class DeviceBuffer {
   const Event& release_event() const { return release_; }
   bool release_pending() const { return release_pending_; }
   // Records the release event on `stream`, after everything queued there so far. Never throws
-  // (it runs in deleters); a failure other than driver shutdown is logged.
+  // (it runs in deleters). If the record fails, the event would still mark an older use (or
+  // none), and a copy that waited on it could overwrite memory the consumer still reads: the
+  // device is synchronised instead, and if even that fails the buffer is retired for good (the
+  // pool never hands it out again). A failure other than driver shutdown is logged.
   void release_after(api::CUstream stream) noexcept;
+  bool retired() const { return retired_; }
 
  private:
   friend class DevicePool;
@@ -60,6 +64,7 @@ class DeviceBuffer {
   size_t bytes_;
   const uint64_t fork_generation_;
   bool release_pending_ = false;
+  bool retired_ = false;
 };
 
 class DevicePool : public std::enable_shared_from_this<DevicePool> {
@@ -73,6 +78,7 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
   void set_keep(int64_t keep);  // frees spares beyond keep (at epoch boundaries only)
   int64_t live() const;          // allocated and not freed
   int64_t allocations() const;
+  int64_t retired() const;       // buffers never reused: their release could not be ordered
   size_t buffer_bytes() const { return bytes_; }
 
  private:
@@ -87,7 +93,7 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
   mutable std::mutex mutex_;
   int64_t keep_;
   std::vector<DeviceBuffer*> free_;
-  int64_t live_ = 0, allocations_ = 0;
+  int64_t live_ = 0, allocations_ = 0, retired_ = 0;
 };
 
 }  // namespace fastload::cuda

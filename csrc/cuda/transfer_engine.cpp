@@ -13,9 +13,8 @@ TransferEngine::TransferEngine(int device, int streams, std::shared_ptr<const Ba
   if (streams <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams));
   streams_.reserve(static_cast<size_t>(streams));
   for (int i = 0; i < streams; ++i) streams_.emplace_back(ctx_);
-  // Loader-held device memory: the window's batches plus one spare per part.
   for (size_t p = 0; p < layout_->num_parts(); ++p)
-    pools_.push_back(DevicePool::create(ctx_, layout_->part_bytes(p), prefetch_ + 1));
+    pools_.push_back(DevicePool::create(ctx_, layout_->part_bytes(p), keep()));
 }
 
 TransferEngine::~TransferEngine() {
@@ -50,7 +49,7 @@ std::shared_ptr<Event> TransferEngine::take_event() {
 
 void TransferEngine::start(std::shared_ptr<Pipeline> pipeline, int output) {
   stop();
-  for (auto& pool : pools_) pool->set_keep(prefetch_ + 1);  // the last epoch's growth goes now
+  for (auto& pool : pools_) pool->set_keep(keep());  // the last epoch's growth goes now
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = cancelled_ = stopping_ = false;
@@ -262,6 +261,7 @@ TransferCounts TransferEngine::counts() const {
     c.device_buffers += live;
     c.device_bytes += live * static_cast<int64_t>(pool->buffer_bytes());
     c.device_allocations += pool->allocations();
+    c.device_retired += pool->retired();
   }
   return c;
 }

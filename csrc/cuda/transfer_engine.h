@@ -42,6 +42,7 @@ struct TransferCounts {
   int64_t device_buffers = 0; // live device buffers, all parts
   int64_t device_bytes = 0;
   int64_t device_allocations = 0;
+  int64_t device_retired = 0;  // never reused (their release could not be ordered); counted in buffers
 };
 
 class TransferEngine {
@@ -54,6 +55,11 @@ class TransferEngine {
 
   // Copies in flight beyond the prefetch window whose pinned slots are still busy.
   int64_t in_flight_limit() const { return static_cast<int64_t>(streams_.size()) + 1; }
+  // Device buffers per part a loop that drops each batch needs: the window's batches, the one
+  // next() hands out and the one the loop variable still holds meanwhile (while the window
+  // refills). With fewer kept across epochs, such a loop would make every epoch free and
+  // reallocate one (two implicit device synchronisations per epoch).
+  int64_t keep() const { return prefetch_ + 2; }
   const std::shared_ptr<PrimaryContext>& context() const { return ctx_; }
   int device() const { return ctx_->device(); }
 

@@ -111,6 +111,7 @@ MemoryCounts LoaderRuntime::memory() const {
     m.device_bytes += c.device_bytes;
     m.device_buffers += c.device_buffers;
     m.device_allocations += c.device_allocations;
+    m.device_retired += c.device_retired;
     m.batches_copied += c.batches;
   }
   m.num_threads = engine_->num_threads();

@@ -34,7 +34,7 @@ struct MemoryCounts {
   int64_t host_bytes = 0, pinned_bytes = 0;
   BufferPoolCounts host;
   int64_t pinned_buffers = 0;
-  int64_t device_bytes = 0, device_buffers = 0, device_allocations = 0, batches_copied = 0;
+  int64_t device_bytes = 0, device_buffers = 0, device_allocations = 0, device_retired = 0, batches_copied = 0;
   int num_threads = 0;
 };
 

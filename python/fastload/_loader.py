@@ -219,6 +219,9 @@ class Loader:
         # Test hook: GPU batches as raw device parts read back through the driver (the stand-in
         # driver's "device" memory is host memory that torch cannot import as CUDA).
         self._raw_device_batches = False
+        # Test hook: with raw device batches, the consumer stream next() is ready on (a stream
+        # handle of the stand-in driver; 0 is the legacy default stream).
+        self._test_stream = 0
         _lifecycle.register(self)
 
     @staticmethod
@@ -325,7 +328,7 @@ class Loader:
             self._run, self._outputs = run, len(devices)
             self._last_epoch = epoch
             self._replicas = self._world_size * len(devices)
-            return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches)
+            return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream)
                     for d, i in enumerate(indices)]
 
     def _gpu_index(self, device: torch.device) -> int:

@@ -150,6 +150,7 @@ struct Config {
   long long fail_copy_after = -1;
   long long fail_event_sync_after = -1;
   long long fail_event_record_after = -1;
+  long long fail_event_record_on = 0;  // a stream handle whose event records fail (0: none)
   long long total_memory = 16LL << 30;
   // Device memory another allocator of the process holds (PyTorch's cache, say): cuMemAlloc and
   // cuMemGetInfo see that much less on every device.
@@ -178,6 +179,7 @@ constexpr ConfigKey kConfigKeys[] = {
     {"fail_copy_after", &Config::fail_copy_after, -1, kNoMax},
     {"fail_event_sync_after", &Config::fail_event_sync_after, -1, kNoMax},
     {"fail_event_record_after", &Config::fail_event_record_after, -1, kNoMax},
+    {"fail_event_record_on", &Config::fail_event_record_on, 0, kNoMax},
     {"total_memory", &Config::total_memory, 1, kNoMax},
     {"other_allocator_bytes", &Config::other_allocator_bytes, 0, kNoMax},
     {"driver_version", &Config::driver_version, 2000, 99990},
@@ -1139,6 +1141,8 @@ CUresult fake_cuEventRecord(CUevent he, CUstream hs) {
       return kInvalidHandle;
     }
     if (inject_failure(d.cfg.fail_event_record_after)) return kOutOfMemory;  // not sticky
+    if (d.cfg.fail_event_record_on != 0 && reinterpret_cast<uintptr_t>(hs) == static_cast<uintptr_t>(d.cfg.fail_event_record_on))
+      return kOutOfMemory;
     if (captured(s)) return kSuccess;
     implicit_sync(d, s);
     e->recorded = true;
