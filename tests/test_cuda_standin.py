@@ -577,3 +577,93 @@ def test_a_failed_release_record_never_lets_the_next_copy_skip_its_wait(driver):
     finally:
         driver.fake_cuda_configure(b"fail_event_record_on", 0)
         driver.fake_cuda_configure(b"max_delay_us", 100)
+
+
+# ---- A batch used on a second stream
+
+def side_stream_epoch(driver, loader, user, side: int, record: bool) -> None:
+    """Each batch is read late on a slow side stream that waited for the consumer stream (the
+    usual `side.wait_stream(current); with torch.cuda.stream(side): ...`), then dropped."""
+    event_create = user.fn("cuEventCreate", ctypes.POINTER(_VP), ctypes.c_uint)
+    event_record = user.fn("cuEventRecord", _VP, _VP)
+    wait_event = user.fn("cuStreamWaitEvent", _VP, _VP, ctypes.c_uint)
+    ready = _VP()
+    assert event_create(ctypes.byref(ready), 2) == 0
+    for batch in loader:
+        assert event_record(ready, loader._test_stream) == 0
+        assert wait_event(side, ready, 0) == 0  # side.wait_stream(consumer)
+        user.sleep(side, 500)
+        batch["x"].touch(side)
+        batch["index"].touch(side)
+        if record:
+            fl.record_stream(batch, side)
+        del batch
+
+
+def test_a_batch_used_on_a_side_stream_is_protected_by_record_stream(driver):
+    user = User(driver)
+    consumer, side = user.stream(), user.stream()
+    x = np.arange(30_000, dtype=np.int64).reshape(3000, 10)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2, streams=2)
+    loader._test_stream = consumer
+    side_stream_epoch(driver, loader, user, side, record=True)
+    user.synchronize(side)
+    assert misuses(driver) == []
+    for batch in loader:  # the memory is intact and reused as before
+        np.testing.assert_array_equal(read(batch["x"], np.int64), x[read(batch["index"], np.int64)])
+    assert loader._memory()["device_allocations"] <= 2 * (2 + 2)
+
+
+def test_without_record_stream_the_side_stream_read_is_overwritten(fake):
+    # What record_stream prevents: the stand-in sees the next copy overwrite memory the side
+    # stream still reads (the reason it exists; torch's tensor.record_stream would do nothing).
+    fake.fake_cuda_reset_misuses()
+    try:
+        user = User(fake)
+        consumer, side = user.stream(), user.stream()
+        loader = gpu_loader(fl.Dataset({"x": np.arange(20_000).reshape(2000, 10)}), 100, with_index=True,
+                            prefetch=2)
+        loader._test_stream = consumer
+        side_stream_epoch(fake, loader, user, side, record=False)
+        user.synchronize(side)
+        assert any("overwritten before the release event" in m for m in misuses(fake)), misuses(fake)
+    finally:
+        fake.fake_cuda_reset_misuses()
+
+
+def test_record_stream_arguments(driver):
+    user = User(driver)
+    side = user.stream()
+    loader = gpu_loader(fl.Dataset({"x": np.arange(1000)}), 10, prefetch=2)
+    batch = next(iter(loader))
+    fl.record_stream(batch, side)
+    fl.record_stream({"nested": [batch["x"], (batch["x"], "text", 3)]}, side)  # twice: recorded once
+    fl.record_stream(torch.zeros(3), side)  # CPU tensors are not device memory: nothing to do
+
+    class Stream:  # what torch.cuda.Stream offers
+        cuda_stream = side
+        device = torch.device("cuda", 0)
+
+    fl.record_stream(batch, Stream())
+    Stream.device = torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="on cuda:0 but the stream is on cuda:1"):
+        fl.record_stream(batch, Stream())
+    for bad in (True, -1, "0", None):
+        with pytest.raises((TypeError, ValueError), match="stream"):
+            fl.record_stream(batch, bad)
+    ptr = batch["x"].ptr
+    assert fl._C._record_stream(0, ptr + 8, side)  # inside the part: a view's address
+    del batch
+    gc.collect()
+    assert not fl._C._record_stream(0, ptr, side)  # released: no longer the user's
+    assert not fl._C._record_stream(0, 0x1000, side)  # not batch memory at all
+
+
+def test_record_stream_names_a_tensor_that_is_not_batch_memory(driver, monkeypatch):
+    user = User(driver)
+    loader = gpu_loader(fl.Dataset({"x": np.arange(100)}), 10)
+    batch = next(iter(loader))
+    monkeypatch.setattr(fl._streams._C, "_record_stream", lambda device, ptr, stream: False)
+    with pytest.raises(ValueError, match=r"batch\['x'\] \(cuda:0, .*tensor.record_stream"):
+        fl.record_stream(batch, user.stream())
+

@@ -11,7 +11,9 @@ namespace fastload {
 struct UserDevicePart {
   std::shared_ptr<cuda::DeviceBuffer> buffer;
   cuda::api::CUstream stream;
-  UserDevicePart(std::shared_ptr<cuda::DeviceBuffer> b, cuda::api::CUstream s) : buffer(std::move(b)), stream(s) {}
+  UserDevicePart(std::shared_ptr<cuda::DeviceBuffer> b, cuda::api::CUstream s) : buffer(std::move(b)), stream(s) {
+    buffer->hand_out(stream);
+  }
   ~UserDevicePart() { buffer->release_after(stream); }
   UserDevicePart(const UserDevicePart&) = delete;
   UserDevicePart& operator=(const UserDevicePart&) = delete;

@@ -450,6 +450,15 @@ void register_loader(py::module_& m) {
     if (exit_parking::note_next()) Iterator::park();
   });
 
+  // fastload.record_stream for one part: see cuda::record_stream. The deleter of that part records
+  // a release event on `stream` too.
+  m.def("_record_stream", [](int device, uintptr_t ptr, uintptr_t stream) {
+    return without_gil([&] {
+      return cuda::record_stream(device, static_cast<cuda::api::CUdeviceptr>(ptr),
+                                 reinterpret_cast<cuda::api::CUstream>(stream));
+    });
+  }, py::arg("device"), py::arg("ptr"), py::arg("stream"));
+
   // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
   // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).
   m.def("cuda_device_count", [] { return without_gil([] { return cuda::device_count(); }); });

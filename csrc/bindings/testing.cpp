@@ -31,7 +31,7 @@ void register_testing(py::module_& m) {
       .def_property_readonly("dtype_code", [](const RawDevicePart& p) { return p.dtype.code; })
       .def_property_readonly("dtype_bits", [](const RawDevicePart& p) { return p.dtype.bits; })
       .def("read", &RawDevicePart::read)
-      .def("touch", &RawDevicePart::touch);
+      .def("touch", &RawDevicePart::touch, py::arg("stream") = 0);
 
   // Where batch copies switch to streaming stores (see core/gather.h). Tests lower it to run that
   // copy on small arrays; the benchmark reports it.

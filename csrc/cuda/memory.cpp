@@ -1,11 +1,27 @@
 // Pinned host slots and the device buffer pool; see memory.h.
 #include "cuda/memory.h"
 
+#include <algorithm>
+#include <map>
 #include <new>
+#include <utility>
 
 #include "core/fork_guard.h"
 
 namespace fastload::cuda {
+
+namespace {
+// Every live device buffer by (device, address), for record_stream(); its mutex also guards each
+// buffer's hand-out state. Leaked on purpose: deleters may run at exit.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::pair<int, api::CUdeviceptr>, DeviceBuffer*> buffers;
+};
+Registry& registry() {
+  static Registry* r = new Registry;
+  return *r;
+}
+}  // namespace
 
 void* PinnedAllocator::allocate(size_t bytes) {
   ScopedContext scope(*ctx_);
@@ -23,28 +39,67 @@ void PinnedAllocator::deallocate(void* p, size_t) noexcept {
   log_failure(driver().cuMemFreeHost(p), "cuMemFreeHost");
 }
 
-int DeviceBuffer::device() const { return release_.context()->device(); }
+DeviceBuffer::DeviceBuffer(std::shared_ptr<PrimaryContext> ctx, api::CUdeviceptr ptr, size_t bytes)
+    : ptr_(ptr), bytes_(bytes), fork_generation_(fork_generation()) {
+  releases_.emplace_back(std::move(ctx));
+  uses_.reserve(4);
+}
+
+int DeviceBuffer::device() const { return context()->device(); }
+
+void DeviceBuffer::hand_out(api::CUstream stream) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  uses_.assign(1, stream);
+  handed_out_ = true;
+}
+
+bool record_stream(int device, api::CUdeviceptr ptr, api::CUstream stream) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.buffers.upper_bound({device, ptr});
+  if (it == r.buffers.begin()) return false;
+  DeviceBuffer* b = (--it)->second;
+  if (it->first.first != device || ptr >= b->ptr_ + b->bytes_ || !b->handed_out_) return false;
+  if (std::find(b->uses_.begin(), b->uses_.end(), stream) != b->uses_.end()) return true;
+  if (b->releases_.size() <= b->uses_.size()) {  // an event per stream, made once per buffer
+    ScopedContext scope(*b->context());
+    b->releases_.emplace_back(b->context());
+  }
+  b->uses_.push_back(stream);
+  return true;
+}
 
 void DeviceBuffer::release_after(api::CUstream stream) noexcept {
   if (fork_generation() != fork_generation_) return;  // no driver calls in a forked child
-  ScopedContext scope(*release_.context());
-  const api::CUresult r = driver().cuEventRecord(release_.get(), stream);
-  if (r == api::CUDA_SUCCESS) {
-    release_pending_ = true;
-    return;
+  size_t uses;
+  {
+    // From here on record_stream() cannot add to uses_ (it needs the buffer handed out), so
+    // they are read below without the lock; the next hand_out() comes after the pool's mutex.
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    handed_out_ = false;
+    uses = std::max<size_t>(1, uses_.size());
   }
-  log_failure(r, "cuEventRecord (batch release)");
-  // Everything queued anywhere on the device before now includes the consumer's reads (the last
-  // reference is gone, so no new ones can come): once it has run, the memory is free. Rare, and
-  // a stall rather than a race.
-  RelaxedCapture relaxed;
-  const api::CUresult s = driver().cuCtxSynchronize();
-  if (s == api::CUDA_SUCCESS) {
-    release_pending_ = false;
-    return;
+  ScopedContext scope(*context());
+  pending_ = 0;
+  for (size_t i = 0; i < uses; ++i) {
+    const api::CUresult r = driver().cuEventRecord(releases_[i].get(), i == 0 ? stream : uses_[i]);
+    if (r != api::CUDA_SUCCESS) {
+      log_failure(r, "cuEventRecord (batch release)");
+      // Everything queued anywhere on the device before now includes the consumer's reads (the
+      // last reference is gone, so no new ones can come): once it has run, the memory is free.
+      // Rare, and a stall rather than a race.
+      RelaxedCapture relaxed;
+      const api::CUresult s = driver().cuCtxSynchronize();
+      pending_ = 0;
+      if (s != api::CUDA_SUCCESS) {
+        log_failure(s, "cuCtxSynchronize (after a failed batch release)");
+        retired_ = true;
+      }
+      break;
+    }
+    pending_ = i + 1;
   }
-  log_failure(s, "cuCtxSynchronize (after a failed batch release)");
-  retired_ = true;
+  uses_.clear();  // keeps its capacity: no allocation per batch
 }
 
 std::shared_ptr<DevicePool> DevicePool::create(std::shared_ptr<PrimaryContext> ctx, size_t bytes, int64_t keep) {
@@ -72,11 +127,19 @@ std::shared_ptr<DeviceBuffer> DevicePool::acquire() {
     check(driver().cuMemAlloc(&ptr, bytes_), "cuMemAlloc");
     try {
       b = new DeviceBuffer(ctx_, ptr, bytes_);
+      {
+        std::lock_guard<std::mutex> lock(registry().mutex);
+        registry().buffers[{ctx_->device(), ptr}] = b;
+      }
       std::lock_guard<std::mutex> lock(mutex_);
       free_.reserve(static_cast<size_t>(live_ + 1));  // give_back (noexcept) never reallocates
       ++live_;
       ++allocations_;
     } catch (...) {
+      if (b) {
+        std::lock_guard<std::mutex> lock(registry().mutex);
+        registry().buffers.erase({ctx_->device(), ptr});
+      }
       delete b;
       log_failure(driver().cuMemFree(ptr), "cuMemFree");
       throw;
@@ -99,11 +162,16 @@ void DevicePool::give_back(DeviceBuffer* b) noexcept {
 
 void DevicePool::free_buffer(DeviceBuffer* b) noexcept {
   {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    registry().buffers.erase({ctx_->device(), b->ptr_});
+  }
+  {
     ScopedContext scope(*ctx_);
     RelaxedCapture relaxed;
     // The last consumer's queued reads may still run: freeing under them would be a
     // use-after-free on the device (cuMemFree's implicit synchronisation is not a contract).
-    if (b->release_pending_) log_failure(driver().cuEventSynchronize(b->release_.get()), "cuEventSynchronize");
+    for (size_t i = 0; i < b->pending_; ++i)
+      log_failure(driver().cuEventSynchronize(b->releases_[i].get()), "cuEventSynchronize");
     log_failure(driver().cuMemFree(b->ptr_), "cuMemFree");
   }
   delete b;

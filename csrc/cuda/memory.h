@@ -37,35 +37,50 @@ class PinnedAllocator final : public fastload::HostAllocator {
 
 class DevicePool;
 
-// One part's device memory. A new copy may write it only after `release` completes: the event
-// is recorded on the consumer's stream when the user's last reference dies, or on the copy
-// stream when the loader drops the batch unseen.
+// One part's device memory. A new copy may write it only after its release events complete:
+// when the user's last reference dies, one is recorded on the stream the batch was handed out on
+// and one on every stream recorded with record_stream() meanwhile; when the loader drops a batch
+// unseen, one on the copy stream.
 class DeviceBuffer {
  public:
   api::CUdeviceptr ptr() const { return ptr_; }
   size_t size() const { return bytes_; }
   int device() const;
-  const Event& release_event() const { return release_; }
-  bool release_pending() const { return release_pending_; }
-  // Records the release event on `stream`, after everything queued there so far. Never throws
-  // (it runs in deleters). If the record fails, the event would still mark an older use (or
-  // none), and a copy that waited on it could overwrite memory the consumer still reads: the
-  // device is synchronised instead, and if even that fails the buffer is retired for good (the
-  // pool never hands it out again). A failure other than driver shutdown is logged.
+  const std::shared_ptr<PrimaryContext>& context() const { return releases_[0].context(); }
+  // The events of the last use that a new copy into this buffer must wait on.
+  size_t pending_releases() const { return pending_; }
+  const Event& release_event(size_t i) const { return releases_[i]; }
+  // The buffer is the user's from now on, used on `stream` (see record_stream).
+  void hand_out(api::CUstream stream);
+  // Records a release event on `stream` (the one the batch was handed out on: the caller may
+  // name it differently, see UserDevicePart) and on each recorded stream, after everything
+  // queued on them so far. Never throws (it runs in deleters). If a record fails, that event
+  // would still mark an older use (or none), and a copy that waited on it could overwrite memory
+  // the consumer still reads: the device is synchronised instead, and if even that fails the
+  // buffer is retired for good (the pool never hands it out again). A failure other than driver
+  // shutdown is logged.
   void release_after(api::CUstream stream) noexcept;
   bool retired() const { return retired_; }
 
  private:
   friend class DevicePool;
-  DeviceBuffer(std::shared_ptr<PrimaryContext> ctx, api::CUdeviceptr ptr, size_t bytes)
-      : release_(std::move(ctx)), ptr_(ptr), bytes_(bytes), fork_generation_(fork_generation()) {}
-  Event release_;
+  friend bool record_stream(int device, api::CUdeviceptr ptr, api::CUstream stream);
+  DeviceBuffer(std::shared_ptr<PrimaryContext> ctx, api::CUdeviceptr ptr, size_t bytes);
+  std::vector<Event> releases_;       // [0] for the stream handed out on; more for recorded streams
+  std::vector<api::CUstream> uses_;   // the current use's streams: [0] handed out on, then recorded
   api::CUdeviceptr ptr_;
   size_t bytes_;
   const uint64_t fork_generation_;
-  bool release_pending_ = false;
+  size_t pending_ = 0;
+  bool handed_out_ = false;  // guarded by the registry's mutex (memory.cpp)
   bool retired_ = false;
 };
+
+// fastload.record_stream: the live batch memory on `device` that holds `ptr` (a tensor's data, a
+// view's included) will be rewritten only after the work queued on `stream` when the last
+// reference dies has run, as well as the work of the stream it was handed out on. False when
+// `ptr` is not in a batch part the user holds. Throws DriverError if an event cannot be made.
+bool record_stream(int device, api::CUdeviceptr ptr, api::CUstream stream);
 
 class DevicePool : public std::enable_shared_from_this<DevicePool> {
  public:
@@ -73,7 +88,7 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
   ~DevicePool();
   // A buffer for a new copy: a spare if one is free, else a new allocation (the pool grows
   // rather than wait for batches the user holds). The caller makes its copy stream wait on
-  // release_event() when release_pending().
+  // each of its pending_releases().
   std::shared_ptr<DeviceBuffer> acquire();
   void set_keep(int64_t keep);  // frees spares beyond keep (at epoch boundaries only)
   int64_t live() const;          // allocated and not freed

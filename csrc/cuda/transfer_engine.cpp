@@ -158,8 +158,9 @@ void TransferEngine::issue(Batch batch, int64_t index) {
     for (size_t p = 0; p < batch.parts.size(); ++p) {
       std::shared_ptr<DeviceBuffer> buffer = pools_[p]->acquire();
       d.parts.push_back(buffer);
-      if (buffer->release_pending() && misuse_ != Misuse::SkipReleaseWait)
-        check(f.cuStreamWaitEvent(stream.get(), buffer->release_event().get(), 0), "cuStreamWaitEvent");
+      if (misuse_ != Misuse::SkipReleaseWait)
+        for (size_t i = 0; i < buffer->pending_releases(); ++i)
+          check(f.cuStreamWaitEvent(stream.get(), buffer->release_event(i).get(), 0), "cuStreamWaitEvent");
       const size_t n = layout_->part_row_bytes[p] * static_cast<size_t>(batch.rows);
       if (n) check(f.cuMemcpyHtoDAsync(buffer->ptr(), batch.parts[p]->data(), n, stream.get()), "cuMemcpyHtoDAsync");
       bytes += static_cast<int64_t>(n);
