@@ -667,3 +667,37 @@ def test_record_stream_names_a_tensor_that_is_not_batch_memory(driver, monkeypat
     with pytest.raises(ValueError, match=r"batch\['x'\] \(cuda:0, .*tensor.record_stream"):
         fl.record_stream(batch, user.stream())
 
+
+# ---- A GPU-bound loop: the host runs ahead of a slow training step
+
+def test_a_gpu_bound_loop_stays_bounded_and_the_hint_names_the_step(driver, caplog):
+    # Each step queues 2 ms of GPU work on the consumer stream (like torch.cuda._sleep) and
+    # returns at once: the host runs ahead, and every copy into reused memory waits for the step
+    # that last read it. The loader must stay bounded (it throttles the host in next()), time
+    # only the copies, and say the step, not the loader, is the bottleneck.
+    user = User(driver)
+    consumer = 0  # the legacy default stream: torch's current stream unless you choose another
+    prefetch = 3
+    loader = gpu_loader(fl.Dataset({"x": np.zeros((4000, 64), np.float32)}), 8, prefetch=prefetch, streams=2)
+    pending = 0
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        for batch in loader:
+            user.sleep(consumer, 2000)
+            batch["x"].touch()
+            pending = max(pending, driver.fake_cuda_stat(b"pending_ops"))
+            del batch
+    user.synchronize(consumer)
+    stats = loader.stats()
+    hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
+    assert len(hints) == 1, hints
+    assert "for your GPU rather than for data" in hints[0] and "the training step is the bottleneck" in hints[0], hints
+    assert "raise streams" not in hints[0]
+    (copy,) = stats.copy.values()
+    (waited,) = stats.release_wait.values()
+    assert copy.busy_s < 0.2 * stats.wall_s, stats  # the copies themselves are short
+    assert waited > 0.6 * stats.wall_s, stats  # they waited for the step
+    mem = loader._memory()
+    assert mem["device_buffers"] <= prefetch + 2, mem
+    # The queued work stays bounded too (a few ops per batch of the window on the consumer and
+    # copy streams), where an unbounded host would have queued ~3 ops for each of 500 batches.
+    assert pending <= 8 * (prefetch + 4), pending

@@ -129,12 +129,15 @@ class PyEngine {
     d["wall_s"] = std::chrono::duration<double>(RunStats::Clock::now() - r.started).count();
     d["ready_mean"] = r.batches ? static_cast<double>(r.ready_sum) / static_cast<double>(r.batches) : 0.0;
     d["collation"] = stage(run.pipeline->collation_times());
-    py::dict copies;
+    py::dict copies, release_waits;
     for (size_t o = 0; o < run.transfers.size(); ++o)
-      if (run.transfers[o])
-        copies[py::str("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o))] =
-            stage(run.transfers[o]->copy_times());
+      if (run.transfers[o]) {
+        const py::str key("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o));
+        copies[key] = stage(run.transfers[o]->copy_times());
+        release_waits[key] = static_cast<double>(run.transfers[o]->release_wait_ns()) * 1e-9;
+      }
     d["copy"] = copies;
+    d["release_wait"] = release_waits;
     d["user_s"] = python_ ? static_cast<double>(python_->user_ns()) * 1e-9 : 0.0;
     d["num_threads"] = runtime_->num_threads();
     d["prefetch"] = runtime_->prefetch();

@@ -87,6 +87,7 @@ Loaded load() {
   FASTLOAD_FETCH(cuEventQuery)
   FASTLOAD_FETCH(cuEventSynchronize)
   FASTLOAD_FETCH(cuEventDestroy)
+  FASTLOAD_FETCH(cuEventElapsedTime)
   FASTLOAD_FETCH(cuMemAlloc)
   FASTLOAD_FETCH(cuMemFree)
   FASTLOAD_FETCH(cuMemHostAlloc)

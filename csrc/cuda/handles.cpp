@@ -91,10 +91,10 @@ void Stream::synchronize() const {
   check(driver().cuStreamSynchronize(s_), "cuStreamSynchronize");
 }
 
-Event::Event(std::shared_ptr<PrimaryContext> ctx) : ctx_(std::move(ctx)) {
+Event::Event(std::shared_ptr<PrimaryContext> ctx, bool timing) : ctx_(std::move(ctx)) {
   ScopedContext scope(*ctx_);
-  check(driver().cuEventCreate(&e_, api::CU_EVENT_DISABLE_TIMING | api::CU_EVENT_BLOCKING_SYNC),
-        "cuEventCreate");
+  const unsigned flags = api::CU_EVENT_BLOCKING_SYNC | (timing ? 0u : api::CU_EVENT_DISABLE_TIMING);
+  check(driver().cuEventCreate(&e_, flags), "cuEventCreate");
 }
 
 Event::~Event() {
@@ -116,6 +116,12 @@ bool Event::done() const {
 void Event::synchronize() const {
   RelaxedCapture relaxed;
   check(driver().cuEventSynchronize(e_), "cuEventSynchronize");
+}
+
+float Event::elapsed_since(const Event& start) const {
+  float ms = 0;
+  check(driver().cuEventElapsedTime(&ms, start.e_, e_), "cuEventElapsedTime");
+  return ms;
 }
 
 }  // namespace fastload::cuda

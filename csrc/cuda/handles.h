@@ -80,9 +80,9 @@ class Stream {
 
 class Event {
  public:
-  // Without timing (cheaper); blocking sync, so a thread waiting for a copy sleeps instead of
-  // spinning on a core the collation threads need.
-  explicit Event(std::shared_ptr<PrimaryContext> ctx);
+  // Blocking sync, so a thread waiting for a copy sleeps instead of spinning on a core the
+  // collation threads need; without timing (cheaper) unless asked for.
+  explicit Event(std::shared_ptr<PrimaryContext> ctx, bool timing = false);
   ~Event();
   Event(Event&& o) noexcept : ctx_(std::move(o.ctx_)), e_(o.e_) { o.e_ = nullptr; }
   Event& operator=(Event&&) = delete;
@@ -90,6 +90,8 @@ class Event {
   void record(api::CUstream stream) const;
   bool done() const;  // cuEventQuery: true when complete; throws on an error
   void synchronize() const;
+  // Milliseconds from `start` to this event, both complete timing events (cuEventElapsedTime).
+  float elapsed_since(const Event& start) const;
   const std::shared_ptr<PrimaryContext>& context() const { return ctx_; }
 
  private:

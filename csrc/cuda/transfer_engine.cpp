@@ -33,7 +33,7 @@ std::shared_ptr<Event> TransferEngine::take_event() {
       spare_events_->pop_back();
     }
   }
-  if (!e) e = new Event(ctx_);
+  if (!e) e = new Event(ctx_, /*timing=*/true);
   // Returns to the spares when both the in-flight record and the undelivered batch let go.
   auto spares = spare_events_;
   auto mutex = events_mutex_;
@@ -55,6 +55,7 @@ void TransferEngine::start(std::shared_ptr<Pipeline> pipeline, int output) {
     finished_ = cancelled_ = stopping_ = false;
     error_ = nullptr;
     copy_ = StageTimes();  // per epoch, like the collation times
+    release_wait_ns_ = 0;
     pipeline_ = pipeline;
     output_ = output;
   }
@@ -105,7 +106,9 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
     for (int64_t index = 0;; ++index) {
       retire(false);
       Batch batch;
-      // While copies are in flight, look back soon to return their pinned slots.
+      // While copies are in flight, look back soon to return their pinned slots. (A blocking
+      // wait on a second thread was measured against the stand-in: no faster, no less CPU, and
+      // one more pinned slot; see README, GPU.)
       const auto wait = in_flight_.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(1);
       NextStatus status;
       while ((status = pipeline->next(output, wait, &batch)) == NextStatus::Timeout) {
@@ -144,25 +147,57 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
   ready_cv_.notify_all();
 }
 
+void TransferEngine::retire(bool block_for_oldest) {
+  while (!in_flight_.empty()) {
+    InFlight& oldest = in_flight_.front();
+    int64_t waited = 0;
+    if (block_for_oldest) {
+      // This thread cannot go on until the oldest copy is done. First until the copies could
+      // start, i.e. the consumer's work released the memory they write: that stall is the
+      // training step's time, counted apart. Then the copies themselves.
+      const auto t0 = std::chrono::steady_clock::now();
+      oldest.started->synchronize();
+      waited = StageTimes::since(t0);
+      oldest.copied->synchronize();
+      block_for_oldest = false;
+    } else if (!oldest.copied->done()) {
+      return;
+    }
+    // The copies' own time, measured on the GPU: whenever this thread looks, it is exact.
+    const auto took = static_cast<int64_t>(static_cast<double>(oldest.copied->elapsed_since(*oldest.started)) * 1e6);
+    in_flight_.pop_front();  // the pinned parts return to their pools
+    std::lock_guard<std::mutex> lock(mutex_);
+    copy_.record(took);
+    release_wait_ns_ += waited;
+  }
+}
+
 void TransferEngine::issue(Batch batch, int64_t index) {
   const Stream& stream = streams_[static_cast<size_t>(index) % streams_.size()];
-  const auto issued = std::chrono::steady_clock::now();
   const api::Functions& f = driver();
   DeviceBatch d;
   d.rows = batch.rows;
   d.step = batch.step;
   d.extras = batch.extras;
   d.copy_stream = stream.get();
+  InFlight flight;
   int64_t bytes = 0;
   try {
+    // All the waits first, then a timing event, then the copies back to back: the copies' own
+    // time is measured apart from the time their memory took to be released.
     for (size_t p = 0; p < batch.parts.size(); ++p) {
       std::shared_ptr<DeviceBuffer> buffer = pools_[p]->acquire();
       d.parts.push_back(buffer);
       if (misuse_ != Misuse::SkipReleaseWait)
         for (size_t i = 0; i < buffer->pending_releases(); ++i)
           check(f.cuStreamWaitEvent(stream.get(), buffer->release_event(i).get(), 0), "cuStreamWaitEvent");
+    }
+    flight.started = take_event();
+    flight.started->record(stream.get());
+    for (size_t p = 0; p < batch.parts.size(); ++p) {
       const size_t n = layout_->part_row_bytes[p] * static_cast<size_t>(batch.rows);
-      if (n) check(f.cuMemcpyHtoDAsync(buffer->ptr(), batch.parts[p]->data(), n, stream.get()), "cuMemcpyHtoDAsync");
+      if (n)
+        check(f.cuMemcpyHtoDAsync(d.parts[p]->ptr(), batch.parts[p]->data(), n, stream.get()), "cuMemcpyHtoDAsync");
       bytes += static_cast<int64_t>(n);
     }
     d.copy_done = take_event();
@@ -175,10 +210,12 @@ void TransferEngine::issue(Batch batch, int64_t index) {
     drop(d);
     throw;
   }
+  flight.copied = d.copy_done;
   if (misuse_ == Misuse::EarlyHostRelease)
     batch = Batch();  // the deliberate bug: slots back to collation while their copy may not have run
   else
-    in_flight_.push_back({std::move(batch), d.copy_done, issued});
+    flight.host = std::move(batch);
+  in_flight_.push_back(std::move(flight));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ready_.push_back(std::move(d));
@@ -186,22 +223,6 @@ void TransferEngine::issue(Batch batch, int64_t index) {
     bytes_ += bytes;
   }
   ready_cv_.notify_one();
-}
-
-void TransferEngine::retire(bool block_for_oldest) {
-  while (!in_flight_.empty()) {
-    InFlight& oldest = in_flight_.front();
-    if (block_for_oldest) {
-      oldest.copied->synchronize();
-      block_for_oldest = false;
-    } else if (!oldest.copied->done()) {
-      return;
-    }
-    const int64_t took = StageTimes::since(oldest.issued);
-    in_flight_.pop_front();  // the pinned parts return to their pools
-    std::lock_guard<std::mutex> lock(mutex_);
-    copy_.record(took);
-  }
 }
 
 NextStatus TransferEngine::next(const Pipeline* epoch, api::CUstream consumer_stream,
@@ -248,6 +269,11 @@ int64_t TransferEngine::ready_count() const {
 StageTimes TransferEngine::copy_times() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return copy_;
+}
+
+int64_t TransferEngine::release_wait_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return release_wait_ns_;
 }
 
 TransferCounts TransferEngine::counts() const {

@@ -1,9 +1,15 @@
 // One device's transfer engine: a native thread takes its output's collated batches in order as
 // soon as they exist, copies each part to a device buffer on one of its non-blocking streams
-// (one copy per part, only the rows the batch has), records a copy event, and queues the batch
-// for the consumer. The consumer's stream waits on that event when the batch is handed out: no
-// host synchronisation on the hot path. Pinned host slots return to their pool only once their
-// copy event has completed; device buffers are rewritten only after their release event.
+// (one copy per part, only the rows the batch has; first the stream waits for the buffers'
+// release events), records a copy event, and queues the batch for the consumer. The consumer's
+// stream waits on that event when the batch is handed out: no host synchronisation on the hot
+// path. Pinned host slots return to their pool only once their copy event has completed.
+//
+// What a copy costs is measured on the GPU: a timing event recorded after the release waits and
+// the copy event after the copies give the copy's own time. When the thread must wait for a copy
+// (its in-flight places are full), the time until the first of them completes is time the copies
+// spent waiting for the consumer's work to release memory: the training step, not the loader, is
+// then the bottleneck.
 //
 // Streams, device buffers and events live as long as the engine (across epochs); each epoch
 // attaches a pipeline output and a thread (start/stop).
@@ -80,15 +86,18 @@ class TransferEngine {
                   DeviceBatch* out);
   TransferCounts counts() const;
   int64_t ready_count() const;
-  // Per batch, from issuing its copies to the transfer thread seeing them complete (an upper
-  // bound on the copy time: completion is looked at every millisecond or so).
+  // Per batch, the GPU time of its copies (between timing events after the release waits and
+  // after the copies).
   StageTimes copy_times() const;
+  // This epoch's time the transfer thread was held up by copies waiting for the consumer's work
+  // to release device memory.
+  int64_t release_wait_ns() const;
 
  private:
   struct InFlight {
     Batch host;  // pinned parts, released when `copied` completes
+    std::shared_ptr<Event> started;  // after the release waits, before the copies
     std::shared_ptr<Event> copied;
-    std::chrono::steady_clock::time_point issued;
   };
   void run(std::shared_ptr<Pipeline> pipeline, int output);
   void issue(Batch batch, int64_t index);
@@ -102,9 +111,9 @@ class TransferEngine {
   const Misuse misuse_;
   std::vector<Stream> streams_;
   std::vector<std::shared_ptr<DevicePool>> pools_;  // one per part
-  std::deque<InFlight> in_flight_;  // transfer thread only
-  std::shared_ptr<std::vector<Event*>> spare_events_;  // recycled copy events
+  std::shared_ptr<std::vector<Event*>> spare_events_;  // recycled timing events
   std::shared_ptr<std::mutex> events_mutex_;
+  std::deque<InFlight> in_flight_;  // transfer thread only
 
   mutable std::mutex mutex_;
   std::condition_variable ready_cv_;
@@ -115,6 +124,7 @@ class TransferEngine {
   std::exception_ptr error_;
   int64_t batches_ = 0, bytes_ = 0;
   StageTimes copy_;
+  int64_t release_wait_ns_ = 0;
   std::thread thread_;
 };
 

@@ -87,14 +87,22 @@ std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user
   const double collation_ns = static_cast<double>(run.pipeline->collation_times().total_ns());
   const double collating = collation_ns / (wall * std::max(1, engine_->num_threads()));
   const double user_share = user_ns < 0 ? -1.0 : static_cast<double>(user_ns) / std::max(1.0, collation_ns);
-  double copying = 0;
-  for (const auto& t : run.transfers)
-    if (t) copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
+  // Copy time is the copies' own GPU time; the time they waited for memory the consumer's work
+  // had not released yet is counted apart (it is the training step's time, not the loader's).
+  double copying = 0, releasing = 0;
+  for (const auto& t : run.transfers) {
+    if (!t) continue;
+    copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
+    releasing = std::max(releasing, static_cast<double>(t->release_wait_ns()) / wall);
+  }
   const std::string knob =
-      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes);
-  return "fastload: the training loop waited for data " + std::to_string(static_cast<int>(share * 100)) +
-         "% of the time over the last " + std::to_string(RunStats::kWindow) + " batches; " + knob +
-         ". See loader.stats().";
+      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes, releasing);
+  const std::string waited = std::to_string(static_cast<int>(share * 100)) + "% of the time over the last " +
+                             std::to_string(RunStats::kWindow) + " batches";
+  if (step_bound(releasing))
+    return "fastload: next() waited " + waited + ", for your GPU rather than for data: " + knob +
+           ". See loader.stats().";
+  return "fastload: the training loop waited for data " + waited + "; " + knob + ". See loader.stats().";
 }
 
 MemoryCounts LoaderRuntime::memory() const {
