@@ -541,7 +541,9 @@ def test_the_steady_state_makes_no_allocation_or_synchronising_call(driver):
         return n
 
     epoch()  # warm-up: pools fill, the scratch of touch() is allocated
-    before = {k: calls(driver, k) for k in ("implicit_syncs", "cuMemAlloc", "cuMemHostAlloc", "cuMemcpyHtoDAsync")}
+    gc.collect()  # earlier tests' loaders free their memory now, not while this one is counted
+    before = {k: calls(driver, k) for k in ("implicit_syncs", "cuMemAlloc", "cuMemHostAlloc", "cuMemFree",
+                                            "cuMemFreeHost", "cuMemcpyHtoDAsync")}
     n = epoch() + epoch()
     after = {k: calls(driver, k) for k in before}
     assert after["implicit_syncs"] == before["implicit_syncs"], (before, after)
@@ -701,3 +703,84 @@ def test_a_gpu_bound_loop_stays_bounded_and_the_hint_names_the_step(driver, capl
     # The queued work stays bounded too (a few ops per batch of the window on the consumer and
     # copy streams), where an unbounded host would have queued ~3 ops for each of 500 batches.
     assert pending <= 8 * (prefetch + 4), pending
+
+
+# ---- Out of device memory: another allocator's cache, batches the user holds
+
+@pytest.fixture
+def memory_cap(driver):
+    """Caps the stand-in's device memory; `cap(n)` leaves n bytes free for the test."""
+    old = driver.fake_cuda_stat(b"total_memory")
+
+    def cap(free: int, other: int = 0) -> None:
+        driver.fake_cuda_configure(b"total_memory", driver.fake_cuda_stat(b"device_bytes") + free + other)
+        driver.fake_cuda_configure(b"other_allocator_bytes", other)
+
+    yield cap
+    driver.fake_cuda_configure(b"other_allocator_bytes", 0)
+    driver.fake_cuda_configure(b"total_memory", old)
+
+
+def test_memory_cached_by_another_allocator_is_released_and_the_loader_goes_on(driver, memory_cap, monkeypatch):
+    # Another allocator (torch's cache) holds nearly all the memory: the first allocation fails,
+    # the loop waits for a batch, and next() asks the other allocator to empty its cache (what
+    # torch.cuda.empty_cache() does), after which the loader allocates and goes on.
+    released = []
+
+    def release_cached(device):
+        released.append(device)
+        driver.fake_cuda_configure(b"other_allocator_bytes", 0)
+
+    monkeypatch.setattr("fastload._gpu_memory.release_cached", release_cached)
+    x = np.arange(20_000, dtype=np.int64).reshape(2000, 10)
+    memory_cap(0, other=64 << 20)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2)
+    n = 0
+    for batch in loader:
+        np.testing.assert_array_equal(read(batch["x"], np.int64), x[read(batch["index"], np.int64)])
+        n += 1
+    assert n == 20 and released == [0]
+
+
+def test_out_of_memory_waits_for_a_release_instead_of_growing(driver, memory_cap):
+    # The loop keeps its last four batches (say, for a moving average) and the device has room
+    # for one more: the pool cannot grow to fill its window, so the loader waits for the oldest
+    # to be dropped instead of failing, and every batch is still right.
+    x = np.arange(40_000, dtype=np.int64).reshape(4000, 10)
+    batch_bytes = 100 * 10 * 8 + 100 * 8
+    memory_cap(5 * batch_bytes)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2)
+    kept: list = []
+    n = 0
+    for batch in loader:
+        kept.append(batch)
+        if len(kept) > 4:
+            old = kept.pop(0)
+            np.testing.assert_array_equal(read(old["x"], np.int64), x[read(old["index"], np.int64)])
+            del old
+        time.sleep(0.002)
+        n += 1
+    assert n == 40
+    assert loader._memory()["device_buffers"] == 2 * 5
+
+
+def test_out_of_memory_with_the_memory_held_by_the_loop_is_torchs_error(driver, memory_cap, monkeypatch):
+    # The loop keeps every batch and the device fills up: nothing can come back, so next()
+    # raises torch's OutOfMemoryError (after emptying torch's cache), saying what is held where.
+    calls = []
+    monkeypatch.setattr("fastload._gpu_memory.release_cached", lambda device: calls.append(device))
+    x = np.zeros((4000, 100), np.float32)
+    memory_cap(10 * 100 * 400)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, prefetch=2)
+    kept = []
+    with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+        for batch in loader:
+            kept.append(batch)
+    message = str(info.value)
+    assert len(kept) == 10 and calls == [0], (len(kept), calls)
+    assert "out of device memory on cuda:0" in message and "CUDA_ERROR_OUT_OF_MEMORY" in message, message
+    assert "0.0 MB free" in message and "column 'x'" in message, message
+    assert "10 device buffers (0.4 MB)" in message and "10 of them in batches you still hold" in message, message
+    assert "torch.cuda.empty_cache() was called" in message, message
+    del kept
+    assert sum(1 for _ in loader) == 40  # the memory came back: the next epoch runs

@@ -48,6 +48,7 @@ class PyEngine {
     o.engine.with_valid = with_valid;
     o.engine.batch_size = batch_size;
     o.streams = streams;
+    o.cache_release = true;  // next() empties torch's cache when a GPU output runs out of memory
     o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
@@ -175,14 +176,16 @@ class PyEngine {
   // in between. False at the end. (A first attempt with the GIL held and no timeout was tried:
   // 8-12% slower on the small-batch benchmarks, as the expired wait still sleeps on the
   // condition variable and makes the workers signal it.)
-  template <typename F>
-  bool wait(F&& step) {
+  // `between(...)`, if given, runs with the GIL after every slice that timed out.
+  template <typename F, typename G = void (*)()>
+  bool wait(F&& step, G between = [] {}) {
     for (;;) {
       const NextStatus status = without_gil([&] { return step(kSignalCheckInterval); });
       if (status == NextStatus::Ok) return true;
       if (status == NextStatus::End) return false;
       if (status == NextStatus::Cancelled) throw Cancelled();
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      between();
       if (python_ && timeout_.count() > 0) {
         const std::string late = python_->overdue(timeout_);
         if (!late.empty()) {
@@ -200,11 +203,21 @@ class PyEngine {
     const auto stream = reinterpret_cast<cuda::api::CUstream>(raw_stream);
     cuda::DeviceBatch batch;
     int64_t* ready_at_entry = ready;
-    const bool more = wait([&](std::chrono::milliseconds timeout) {
-      const NextStatus status = runtime_->next_device(run, output, stream, timeout, &batch, ready_at_entry);
-      ready_at_entry = nullptr;
-      return status;
-    });
+    cuda::TransferEngine& transfer = *run.transfers.at(static_cast<size_t>(output));
+    const bool more = wait(
+        [&](std::chrono::milliseconds timeout) {
+          const NextStatus status = runtime_->next_device(run, output, stream, timeout, &batch, ready_at_entry);
+          ready_at_entry = nullptr;
+          return status;
+        },
+        [&] {
+          // The transfer thread is out of device memory and this loop waits for a batch: as
+          // torch's allocator does before it gives up, empty torch's cache (this thread may
+          // take the GIL; the transfer thread may not).
+          if (!transfer.cache_release_requested()) return;
+          py::module_::import("fastload._gpu_memory").attr("release_cached")(transfer.device());
+          transfer.cache_released();
+        });
     if (!more) return py::none();
     *rows = batch.rows;
     *extras = std::move(batch.extras);
@@ -393,6 +406,11 @@ void register_loader(py::module_& m) {
       std::rethrow_exception(p);
     } catch (const CollationError& e) {
       translate_collation_error(e);
+    } catch (const cuda::OutOfMemory& e) {
+      // torch's own type (a RuntimeError), so code that handles torch's out-of-memory errors
+      // handles the loader's too.
+      py::object oom = py::module_::import("torch").attr("cuda").attr("OutOfMemoryError");
+      PyErr_SetString(oom.ptr(), e.what());
     }
   });
 

@@ -90,6 +90,7 @@ Loaded load() {
   FASTLOAD_FETCH(cuEventElapsedTime)
   FASTLOAD_FETCH(cuMemAlloc)
   FASTLOAD_FETCH(cuMemFree)
+  FASTLOAD_FETCH(cuMemGetInfo)
   FASTLOAD_FETCH(cuMemHostAlloc)
   FASTLOAD_FETCH(cuMemFreeHost)
   FASTLOAD_FETCH(cuMemcpyHtoDAsync)

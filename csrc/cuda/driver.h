@@ -26,6 +26,14 @@ class DriverError : public std::runtime_error {
   api::CUresult code_;
 };
 
+// A device allocation failed for lack of memory, and nothing the loader could wait for would free
+// any (the consumer waits for a batch that needs the memory it holds itself). The message says
+// what was asked, what the driver has free and what fastload holds. Python: torch's OutOfMemoryError.
+class OutOfMemory : public DriverError {
+ public:
+  explicit OutOfMemory(const std::string& message) : DriverError(message, api::CUDA_ERROR_OUT_OF_MEMORY) {}
+};
+
 // The loaded, initialised driver. Loads on the first call (thread-safe); throws Unavailable,
 // the same every time, if it cannot be used.
 const api::Functions& driver();

@@ -111,6 +111,41 @@ DevicePool::~DevicePool() {
   for (DeviceBuffer* b : free_) free_buffer(b);
 }
 
+DeviceBuffer* DevicePool::allocate() {
+  ScopedContext scope(*ctx_);
+  RelaxedCapture relaxed;
+  api::CUdeviceptr ptr = 0;
+  const api::CUresult r = driver().cuMemAlloc(&ptr, bytes_);
+  if (r == api::CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+  check(r, "cuMemAlloc");
+  DeviceBuffer* b = nullptr;
+  try {
+    b = new DeviceBuffer(ctx_, ptr, bytes_);
+    {
+      std::lock_guard<std::mutex> lock(registry().mutex);
+      registry().buffers[{ctx_->device(), ptr}] = b;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.reserve(static_cast<size_t>(live_ + 1));  // give_back (noexcept) never reallocates
+    ++live_;
+    ++allocations_;
+  } catch (...) {
+    if (b) {
+      std::lock_guard<std::mutex> lock(registry().mutex);
+      registry().buffers.erase({ctx_->device(), ptr});
+    }
+    delete b;
+    log_failure(driver().cuMemFree(ptr), "cuMemFree");
+    throw;
+  }
+  return b;
+}
+
+std::shared_ptr<DeviceBuffer> DevicePool::wrap(DeviceBuffer* b) {
+  auto self = shared_from_this();  // a batch may outlive the loader: the pool lives as long
+  return std::shared_ptr<DeviceBuffer>(b, [self](DeviceBuffer* x) { self->give_back(x); });
+}
+
 std::shared_ptr<DeviceBuffer> DevicePool::acquire() {
   DeviceBuffer* b = nullptr;
   {
@@ -120,44 +155,41 @@ std::shared_ptr<DeviceBuffer> DevicePool::acquire() {
       free_.pop_back();
     }
   }
-  if (!b) {
-    ScopedContext scope(*ctx_);
-    RelaxedCapture relaxed;
-    api::CUdeviceptr ptr = 0;
-    check(driver().cuMemAlloc(&ptr, bytes_), "cuMemAlloc");
-    try {
-      b = new DeviceBuffer(ctx_, ptr, bytes_);
-      {
-        std::lock_guard<std::mutex> lock(registry().mutex);
-        registry().buffers[{ctx_->device(), ptr}] = b;
-      }
-      std::lock_guard<std::mutex> lock(mutex_);
-      free_.reserve(static_cast<size_t>(live_ + 1));  // give_back (noexcept) never reallocates
-      ++live_;
-      ++allocations_;
-    } catch (...) {
-      if (b) {
-        std::lock_guard<std::mutex> lock(registry().mutex);
-        registry().buffers.erase({ctx_->device(), ptr});
-      }
-      delete b;
-      log_failure(driver().cuMemFree(ptr), "cuMemFree");
-      throw;
+  if (!b) b = allocate();
+  return b ? wrap(b) : nullptr;
+}
+
+std::shared_ptr<DeviceBuffer> DevicePool::acquire_waiting(std::chrono::milliseconds timeout) {
+  DeviceBuffer* b = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    returned_.wait_for(lock, timeout, [&] { return !free_.empty(); });
+    if (!free_.empty()) {
+      b = free_.back();
+      free_.pop_back();
     }
   }
-  auto self = shared_from_this();  // a batch may outlive the loader: the pool lives as long
-  return std::shared_ptr<DeviceBuffer>(b, [self](DeviceBuffer* x) { self->give_back(x); });
+  if (!b) b = allocate();
+  return b ? wrap(b) : nullptr;
+}
+
+int64_t DevicePool::spare() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(free_.size());
 }
 
 void DevicePool::give_back(DeviceBuffer* b) noexcept {
   // In a forked child the parent's threads may have held this mutex: leak instead of locking.
   if (fork_generation() != fork_generation_) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (b->retired_) {  // reads of it may still be queued: neither reused nor freed (leaked)
-    ++retired_;
-    return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (b->retired_) {  // reads of it may still be queued: neither reused nor freed (leaked)
+      ++retired_;
+      return;
+    }
+    free_.push_back(b);
   }
-  free_.push_back(b);
+  returned_.notify_one();  // a transfer thread out of memory may be waiting for it
 }
 
 void DevicePool::free_buffer(DeviceBuffer* b) noexcept {

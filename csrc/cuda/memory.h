@@ -5,13 +5,21 @@
 //
 // Device: the engine's own pool of cuMemAlloc buffers, one per part of a batch, not PyTorch's
 // caching allocator. Why: a batch's memory must not be reused while the consumer may still read
-// it, and only the loader knows when that is (an event recorded on the consumer's stream when
-// the last reference dies). PyTorch's record_stream cannot protect memory its allocator did not
-// make, and memory taken from the caching allocator on a side stream is exactly the race SPDL
-// documents. Buffers are allocated when first needed and reused, never freed mid-epoch
-// (cuMemFree synchronises the device); each keeps its device's primary context alive, so a
-// batch stays valid after its loader is gone.
+// it, and only the loader knows when that is (events recorded on the consumer's streams when the
+// last reference dies); the transfer thread and deleters allocate and free without the GIL,
+// which torch's allocator (a Python call from here) would need; and the stand-in driver can test
+// every path of it, which a CPU build of torch cannot do for torch's allocator. The costs of not
+// being torch's, and what is done about each: torch does not see the memory (the loader reports
+// it: stats().device_bytes); torch's cache may hold the memory the pool needs (on
+// CUDA_ERROR_OUT_OF_MEMORY the pool waits for a buffer to come back instead of growing, and the
+// consumer's next() empties torch's cache before giving up, as torch's own allocator does);
+// torch's record_stream does nothing here (fastload.record_stream does it). Buffers are
+// allocated when first needed and reused, never freed mid-epoch (cuMemFree synchronises the
+// device); each keeps its device's primary context alive, so a batch stays valid after its
+// loader is gone.
 #pragma once
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -87,9 +95,13 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
   static std::shared_ptr<DevicePool> create(std::shared_ptr<PrimaryContext> ctx, size_t bytes, int64_t keep);
   ~DevicePool();
   // A buffer for a new copy: a spare if one is free, else a new allocation (the pool grows
-  // rather than wait for batches the user holds). The caller makes its copy stream wait on
-  // each of its pending_releases().
+  // rather than wait for batches the user holds); null when the device is out of memory. The
+  // caller makes its copy stream wait on each of its pending_releases().
   std::shared_ptr<DeviceBuffer> acquire();
+  // After an out-of-memory acquire(): waits up to `timeout` for a buffer to come back, then
+  // tries an allocation again (memory may have been freed elsewhere); null if neither worked.
+  std::shared_ptr<DeviceBuffer> acquire_waiting(std::chrono::milliseconds timeout);
+  int64_t spare() const;         // buffers free for reuse
   void set_keep(int64_t keep);  // frees spares beyond keep (at epoch boundaries only)
   int64_t live() const;          // allocated and not freed
   int64_t allocations() const;
@@ -101,11 +113,14 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
       : ctx_(std::move(ctx)), bytes_(bytes), fork_generation_(fork_generation()), keep_(keep) {}
   void give_back(DeviceBuffer* b) noexcept;
   void free_buffer(DeviceBuffer* b) noexcept;
+  std::shared_ptr<DeviceBuffer> wrap(DeviceBuffer* b);
+  DeviceBuffer* allocate();  // null when out of memory; throws on other errors
 
   std::shared_ptr<PrimaryContext> ctx_;
   const size_t bytes_;
   const uint64_t fork_generation_;
   mutable std::mutex mutex_;
+  std::condition_variable returned_;  // a buffer came back
   int64_t keep_;
   std::vector<DeviceBuffer*> free_;
   int64_t live_ = 0, allocations_ = 0, retired_ = 0;

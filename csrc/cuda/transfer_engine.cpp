@@ -1,9 +1,22 @@
 // The per-device transfer engine; see transfer_engine.h.
 #include "cuda/transfer_engine.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <utility>
 
 namespace fastload::cuda {
+
+namespace {
+// Thrown by a transfer thread that stop() interrupted while it waited for device memory.
+struct Stopped {};
+
+std::string megabytes(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
+  return text;
+}
+}  // namespace
 
 TransferEngine::TransferEngine(int device, int streams, std::shared_ptr<const BatchLayout> layout,
                                int64_t prefetch, Misuse misuse)
@@ -56,6 +69,7 @@ void TransferEngine::start(std::shared_ptr<Pipeline> pipeline, int output) {
     error_ = nullptr;
     copy_ = StageTimes();  // per epoch, like the collation times
     release_wait_ns_ = 0;
+    release_requested_ = release_done_ = false;
     pipeline_ = pipeline;
     output_ = output;
   }
@@ -129,6 +143,8 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
       while (static_cast<int64_t>(in_flight_.size()) >= in_flight_limit()) retire(true);
       issue(std::move(batch), index);
     }
+  } catch (const Stopped&) {
+    cancelled = true;
   } catch (...) {
     error = std::current_exception();
   }
@@ -145,6 +161,81 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
     finished_ = true;
   }
   ready_cv_.notify_all();
+}
+
+std::shared_ptr<DeviceBuffer> TransferEngine::acquire(size_t part) {
+  std::shared_ptr<DeviceBuffer> b = pools_[part]->acquire();
+  if (b) return b;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stuck_since_ = {};
+    release_requested_ = release_done_ = false;
+  }
+  int64_t handed = -1;
+  while (!(b = pools_[part]->acquire_waiting(std::chrono::milliseconds(20)))) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) throw Stopped();
+    // Not stuck while the consumer has batches to take or still takes them: it will drop some.
+    // (Its next() waits in slices; between them it is not waiting, and that changes nothing.)
+    if (!ready_.empty() || handed != handed_) {
+      handed = handed_;
+      stuck_since_ = {};
+      continue;
+    }
+    if (waiting_consumers_ == 0) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (stuck_since_ == std::chrono::steady_clock::time_point{}) stuck_since_ = now;
+    if (cache_release_available_ && !release_done_) {
+      release_requested_ = true;  // the consumer's next() sees it within its wait slice
+      continue;
+    }
+    if (now - stuck_since_ >= kStuckPatience) throw OutOfMemory(out_of_memory_message(part));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_requested_ = false;
+  return b;
+}
+
+
+bool TransferEngine::cache_release_requested() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return release_requested_ && !release_done_;
+}
+
+void TransferEngine::cache_released() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_done_ = true;
+  release_requested_ = false;
+  stuck_since_ = std::chrono::steady_clock::now();  // patience anew, with the cache gone
+}
+
+std::string TransferEngine::out_of_memory_message(size_t part) const {
+  // Called with mutex_ held, on the transfer thread (its context current, capture mode relaxed).
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool info = driver().cuMemGetInfo(&free_bytes, &total_bytes) == api::CUDA_SUCCESS;
+  int64_t held = 0, buffers = 0, spare = 0;
+  for (const auto& pool : pools_) {
+    buffers += pool->live();
+    held += pool->live() * static_cast<int64_t>(pool->buffer_bytes());
+    spare += pool->spare();
+  }
+  int64_t ready_parts = 0;
+  for (const DeviceBatch& b : ready_) ready_parts += static_cast<int64_t>(b.parts.size());
+  const std::vector<std::string> names = layout_->names();
+  const std::string device = "cuda:" + std::to_string(ctx_->device());
+  std::string m = "fastload: out of device memory on " + device + ": cuMemAlloc failed: " +
+                  error_text(api::CUDA_ERROR_OUT_OF_MEMORY) + " for " +
+                  megabytes(static_cast<double>(pools_[part]->buffer_bytes())) + " (column '" +
+                  (part < names.size() ? names[part] : std::to_string(part)) + "' of the next batch)";
+  if (info)
+    m += "; the driver reports " + megabytes(static_cast<double>(free_bytes)) + " free of " +
+         megabytes(static_cast<double>(total_bytes));
+  m += ". fastload holds " + std::to_string(buffers) + " device buffers (" + megabytes(static_cast<double>(held)) +
+       ") on " + device + ", " + std::to_string(std::max<int64_t>(0, buffers - spare - ready_parts)) +
+       " of them in batches you still hold; the loop waits in next() for a batch that cannot be copied without "
+       "memory. Drop batches you keep, lower prefetch or batch_size, or free memory held elsewhere";
+  if (release_done_) m += " (torch.cuda.empty_cache() was called first)";
+  return m;
 }
 
 void TransferEngine::retire(bool block_for_oldest) {
@@ -186,7 +277,7 @@ void TransferEngine::issue(Batch batch, int64_t index) {
     // All the waits first, then a timing event, then the copies back to back: the copies' own
     // time is measured apart from the time their memory took to be released.
     for (size_t p = 0; p < batch.parts.size(); ++p) {
-      std::shared_ptr<DeviceBuffer> buffer = pools_[p]->acquire();
+      std::shared_ptr<DeviceBuffer> buffer = acquire(p);
       d.parts.push_back(buffer);
       if (misuse_ != Misuse::SkipReleaseWait)
         for (size_t i = 0; i < buffer->pending_releases(); ++i)
@@ -234,7 +325,9 @@ NextStatus TransferEngine::next(const Pipeline* epoch, api::CUstream consumer_st
     // Re-checked after the wait too: stop() and a new start() may both happen while this thread
     // waits, and the new epoch's first batch is not this iterator's to take.
     if (pipeline_.get() != epoch) return NextStatus::Cancelled;
+    ++waiting_consumers_;
     ready_cv_.wait_for(lock, timeout, [&] { return !ready_.empty() || finished_ || pipeline_.get() != epoch; });
+    --waiting_consumers_;
     if (pipeline_.get() != epoch) return NextStatus::Cancelled;
     if (ready_.empty()) {
       if (error_) std::rethrow_exception(error_);
@@ -243,6 +336,7 @@ NextStatus TransferEngine::next(const Pipeline* epoch, api::CUstream consumer_st
     }
     *out = std::move(ready_.front());
     ready_.pop_front();
+    ++handed_;
     pipeline = pipeline_;
     output = output_;
   }

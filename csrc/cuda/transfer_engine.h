@@ -21,6 +21,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -86,6 +87,19 @@ class TransferEngine {
                   DeviceBatch* out);
   TransferCounts counts() const;
   int64_t ready_count() const;
+
+  // Out of device memory. When a copy's buffer cannot be allocated, the transfer thread waits for
+  // one to come back (a batch the user drops) instead of growing the pool. If the consumer waits
+  // in next() with nothing ready meanwhile, it waits for a batch that needs memory it may hold
+  // itself: then, once, the consumer is asked to release memory cached by another allocator (the
+  // bindings call torch.cuda.empty_cache(); see set_cache_release), and if that does not help
+  // within kStuckPatience, next() raises OutOfMemory saying what is held where.
+  static constexpr std::chrono::milliseconds kStuckPatience{200};
+  void set_cache_release(bool available) { cache_release_available_ = available; }
+  // True when the transfer thread asks the consumer (its thread, which may take the GIL) to
+  // release cached memory now; cache_released() says it did.
+  bool cache_release_requested() const;
+  void cache_released();
   // Per batch, the GPU time of its copies (between timing events after the release waits and
   // after the copies).
   StageTimes copy_times() const;
@@ -102,6 +116,8 @@ class TransferEngine {
   void run(std::shared_ptr<Pipeline> pipeline, int output);
   void issue(Batch batch, int64_t index);
   void retire(bool block_for_oldest);
+  std::shared_ptr<DeviceBuffer> acquire(size_t part);
+  std::string out_of_memory_message(size_t part) const;
   std::shared_ptr<Event> take_event();
   void drop(DeviceBatch& b) noexcept;
 
@@ -125,6 +141,13 @@ class TransferEngine {
   int64_t batches_ = 0, bytes_ = 0;
   StageTimes copy_;
   int64_t release_wait_ns_ = 0;
+  int waiting_consumers_ = 0;  // threads inside next()'s wait
+  int64_t handed_ = 0;         // batches next() took, ever
+  // While the transfer thread is out of memory: since when the consumer has been stuck (waiting
+  // with nothing ready; epoch() when not), and the cache release asked for / done.
+  std::chrono::steady_clock::time_point stuck_since_{};
+  bool release_requested_ = false, release_done_ = false;
+  bool cache_release_available_ = false;
   std::thread thread_;
 };
 

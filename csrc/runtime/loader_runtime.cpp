@@ -9,7 +9,7 @@
 namespace fastload {
 
 LoaderRuntime::LoaderRuntime(std::shared_ptr<BatchSource> source, const RuntimeOptions& options)
-    : prefetch_(options.engine.prefetch), streams_(options.streams) {
+    : prefetch_(options.engine.prefetch), streams_(options.streams), cache_release_(options.cache_release) {
   if (streams_ <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams_));
   engine_ = std::make_unique<Engine>(std::move(source), options.engine,
                                      options.host_memory ? options.host_memory : make_aligned_allocator());
@@ -54,8 +54,10 @@ std::shared_ptr<Run> LoaderRuntime::start(std::vector<EpochPlan> plans, int64_t 
   for (size_t d = 0; d < devices.size(); ++d) {
     if (devices[d] < 0) continue;
     if (transfers_.size() <= d) transfers_.resize(d + 1);
-    if (!transfers_[d] || transfers_[d]->device() != devices[d])
+    if (!transfers_[d] || transfers_[d]->device() != devices[d]) {
       transfers_[d] = std::make_shared<cuda::TransferEngine>(devices[d], streams_, layout_, prefetch_, misuse_);
+      transfers_[d]->set_cache_release(cache_release_);
+    }
     run->transfers[d] = transfers_[d];
     extra += transfers_[d]->in_flight_limit();
     if (!pinned_) pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());

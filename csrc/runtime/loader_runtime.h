@@ -41,6 +41,9 @@ struct MemoryCounts {
 struct RuntimeOptions {
   EngineOptions engine;
   int streams = 1;  // copy streams per GPU output
+  // The consumer can release memory another allocator caches when a GPU output runs out (the
+  // bindings: torch.cuda.empty_cache()); see TransferEngine::set_cache_release.
+  bool cache_release = false;
   // Where CPU batches live (null: ordinary aligned memory); worker processes need shared memory.
   std::shared_ptr<HostAllocator> host_memory;
 };
@@ -85,6 +88,7 @@ class LoaderRuntime {
 
   const int64_t prefetch_;
   const int streams_;
+  const bool cache_release_;
   cuda::Misuse misuse_ = cuda::Misuse::None;
   bool stall_warned_ = false;  // the hint is given once per loader
   std::unique_ptr<Engine> engine_;
