@@ -62,6 +62,7 @@ def driver(fake):
     fake.fake_cuda_configure(b"fail_copy_after", -1)
     yield fake
     gc.collect()
+    fl._C._flush_deferred_frees()  # the next test's counts start from here
     assert misuses(fake) == []
 
 
@@ -784,3 +785,43 @@ def test_out_of_memory_with_the_memory_held_by_the_loop_is_torchs_error(driver, 
     assert "torch.cuda.empty_cache() was called" in message, message
     del kept
     assert sum(1 for _ in loader) == 40  # the memory came back: the next epoch runs
+
+
+# ---- Frees never on the user's thread
+
+def thread_calls(lib, *names: str) -> dict[str, int]:
+    lib.fake_cuda_thread_calls.argtypes = [ctypes.c_char_p]
+    lib.fake_cuda_thread_calls.restype = ctypes.c_longlong
+    return {n: lib.fake_cuda_thread_calls(n.encode()) for n in names}
+
+
+WAITS_AND_FREES = ("cuMemFree", "cuMemFreeHost", "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize")
+
+
+def test_epoch_start_and_the_last_batch_free_nothing_on_the_users_thread(driver):
+    # Frees may synchronise the device and wait for the consumer's work. An epoch start that
+    # trims pools grown by held batches, and the last batch of a closed loader dying (in torch,
+    # a DLPack deleter that runs with the GIL held), must do neither on the user's thread.
+    x = np.arange(20_000, dtype=np.int64).reshape(2000, 10)
+    device_before = driver.fake_cuda_stat(b"device_bytes")
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2)
+    it = iter(loader)
+    held = [next(it) for _ in range(10)]  # both pools grow well past what they keep
+    del held
+    for b in it:
+        del b
+    before = thread_calls(driver, *WAITS_AND_FREES)
+    it = iter(loader)  # trims the grown pools
+    batch = next(it)
+    assert thread_calls(driver, *WAITS_AND_FREES) == before
+    loader.close()
+    del loader, it
+    gc.collect()
+    before = thread_calls(driver, *WAITS_AND_FREES)
+    np.testing.assert_array_equal(read(batch["x"], np.int64), x[read(batch["index"], np.int64)])
+    before["cuStreamSynchronize"] += 2  # read() waits for its copies back (the test's own)
+    del batch  # the last reference: the pool goes with it
+    gc.collect()
+    assert thread_calls(driver, *WAITS_AND_FREES) == before
+    fl._C._flush_deferred_frees()
+    assert driver.fake_cuda_stat(b"device_bytes") == device_before  # freed all the same

@@ -8,6 +8,7 @@
 #include "bindings/register.h"
 #include "core/cpu_cache.h"
 #include "core/gather.h"
+#include "cuda/deferred_free.h"
 #include "runtime/run_stats.h"
 
 namespace py = pybind11;
@@ -38,6 +39,9 @@ void register_testing(py::module_& m) {
   m.def("_streaming_min_part_bytes", &streaming_min_part_bytes);
   m.def("_set_streaming_min_part_bytes", &set_streaming_min_part_bytes, py::arg("bytes"));
   m.def("_last_level_cache_bytes", &last_level_cache_bytes);
+
+  // Waits until the frees fastload deferred to its own thread have run (tests that count memory).
+  m.def("_flush_deferred_frees", [] { without_gil([] { cuda::flush_deferred_frees(); }); });
 
   // The stall hint's choice of knob from stage busy shares (see run_stats.h): tests check every
   // branch without having to make a real loop stall for each reason.

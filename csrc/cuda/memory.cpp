@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/fork_guard.h"
+#include "cuda/deferred_free.h"
 
 namespace fastload::cuda {
 
@@ -34,9 +35,12 @@ void* PinnedAllocator::allocate(size_t bytes) {
 }
 
 void PinnedAllocator::deallocate(void* p, size_t) noexcept {
-  ScopedContext scope(*ctx_);
-  RelaxedCapture relaxed;
-  log_failure(driver().cuMemFreeHost(p), "cuMemFreeHost");
+  // A slot comes back only after its copy completed: it can go at once, but cuMemFreeHost may
+  // synchronise the device, so not on this thread (an epoch start, a deleter).
+  defer_free([ctx = ctx_, p] {
+    ScopedContext scope(*ctx);
+    log_failure(driver().cuMemFreeHost(p), "cuMemFreeHost");
+  });
 }
 
 DeviceBuffer::DeviceBuffer(std::shared_ptr<PrimaryContext> ctx, api::CUdeviceptr ptr, size_t bytes)
@@ -197,16 +201,18 @@ void DevicePool::free_buffer(DeviceBuffer* b) noexcept {
     std::lock_guard<std::mutex> lock(registry().mutex);
     registry().buffers.erase({ctx_->device(), b->ptr_});
   }
-  {
-    ScopedContext scope(*ctx_);
-    RelaxedCapture relaxed;
-    // The last consumer's queued reads may still run: freeing under them would be a
-    // use-after-free on the device (cuMemFree's implicit synchronisation is not a contract).
-    for (size_t i = 0; i < b->pending_; ++i)
-      log_failure(driver().cuEventSynchronize(b->releases_[i].get()), "cuEventSynchronize");
-    log_failure(driver().cuMemFree(b->ptr_), "cuMemFree");
-  }
-  delete b;
+  // On the deferred-free thread: this may be an epoch start, or a deleter with the GIL held.
+  defer_free([ctx = ctx_, b] {
+    {
+      ScopedContext scope(*ctx);
+      // The last consumer's queued reads may still run: freeing under them would be a
+      // use-after-free on the device (cuMemFree's implicit synchronisation is not a contract).
+      for (size_t i = 0; i < b->pending_; ++i)
+        log_failure(driver().cuEventSynchronize(b->releases_[i].get()), "cuEventSynchronize");
+      log_failure(driver().cuMemFree(b->ptr_), "cuMemFree");
+    }
+    delete b;  // its events, and its hold on the context, go after the free
+  });
 }
 
 void DevicePool::set_keep(int64_t keep) {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "cuda/deferred_free.h"
+
 namespace fastload::cuda {
 
 namespace {
@@ -103,6 +105,7 @@ void TransferEngine::close() {
     }
   }
   for (auto& pool : pools_) pool->set_keep(0);
+  flush_deferred_frees();  // close() has freed what no batch holds when it returns
 }
 
 void TransferEngine::drop(DeviceBatch& b) noexcept {

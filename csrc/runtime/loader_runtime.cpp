@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "cuda/deferred_free.h"
 #include "cuda/memory.h"
 
 namespace fastload {
@@ -28,6 +29,7 @@ void LoaderRuntime::close() {
   for (auto& t : transfers_)
     if (t) t->close();  // drains the streams; device buffers users hold stay valid
   transfers_.clear();
+  if (pinned_) cuda::flush_deferred_frees();  // the pinned slots the engine's close() let go
 }
 
 void LoaderRuntime::stop_transfers() {

@@ -31,6 +31,7 @@
 #include "core/array_source.h"
 #include "core/engine.h"
 #include "core/pipeline.h"
+#include "cuda/deferred_free.h"
 #include "cuda/driver.h"
 #include "cuda/handles.h"
 #include "cuda/memory.h"
@@ -135,6 +136,7 @@ void start_clean() { fake().reset_misuses(); }
 // Once everything a case made is gone, the stand-in holds nothing of it: no device or pinned
 // memory, no event, no stream, no retained context.
 void check_all_released(const char* when) {
+  cuda::flush_deferred_frees();  // batches that outlived their loader were freed on its thread
   for (const char* key : {"device_allocations", "pinned_allocations", "live_events", "live_streams",
                           "contexts_retained", "pending_ops"})
     CHECK_MSG(fake().stat(key) == 0, when << ": " << key << " = " << fake().stat(key));
