@@ -271,7 +271,7 @@ class Iterator {
   Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw,
            uintptr_t test_stream)
       : owner_(std::move(owner)), engine_(std::move(engine)), run_(std::move(run)), output_(output), device_(device),
-        raw_(raw), test_stream_(test_stream) {
+        raw_(raw && device >= 0), test_stream_(test_stream) {  // a CPU output's batches are tensors always
     if (device_ >= 0 && !raw_) current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
     if (!raw_) {
       py::object torch_c = py::module_::import("torch._C");

@@ -45,13 +45,12 @@ std::shared_ptr<Run> LoaderRuntime::start(std::vector<EpochPlan> plans, int64_t 
   run->epoch = plans.empty() ? 0 : plans[0].epoch();
   run->handed.assign(devices.size(), 0);
   std::vector<OutputSpec> outputs;
-  for (size_t d = 0; d < plans.size(); ++d) outputs.push_back({std::move(plans[d]), devices[d] >= 0});
+  for (size_t d = 0; d < plans.size(); ++d) outputs.push_back({std::move(plans[d]), devices[d] >= 0, nullptr});
   // The old epoch first: its transfer threads then see Cancelled at once instead of at their
   // next timeout, and stop before the pipeline they feed from is replaced.
   engine_->cancel_current();
   stop_transfers();
   run->transfers.resize(devices.size());
-  std::shared_ptr<HostAllocator> host_memory;
   int64_t extra = 0;
   for (size_t d = 0; d < devices.size(); ++d) {
     if (devices[d] < 0) continue;
@@ -63,9 +62,12 @@ std::shared_ptr<Run> LoaderRuntime::start(std::vector<EpochPlan> plans, int64_t 
     run->transfers[d] = transfers_[d];
     extra += transfers_[d]->in_flight_limit();
     if (!pinned_) pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());
-    host_memory = pinned_;
+    // Page-locked slots for a GPU output only: a CPU output of the same loader gets ordinary
+    // memory, so that a non_blocking .to("cuda") of its batches is a staged copy that is done
+    // when it returns, not a DMA still reading a slot the loader recycles.
+    outputs[d].memory = pinned_;
   }
-  run->pipeline = engine_->start(std::move(outputs), fail_at_step, host_memory, extra);
+  run->pipeline = engine_->start(std::move(outputs), fail_at_step, nullptr, extra);
   for (size_t d = 0; d < devices.size(); ++d)
     if (run->transfers[d]) run->transfers[d]->start(run->pipeline, static_cast<int>(d));
   return run;
@@ -112,11 +114,9 @@ std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user
 MemoryCounts LoaderRuntime::memory() const {
   MemoryCounts m;
   m.host = engine_->host_counts();
-  const bool pinned = pinned_ != nullptr;
-  const int64_t bytes = static_cast<int64_t>(engine_->host_bytes());
-  m.host_bytes = pinned ? 0 : bytes;
-  m.pinned_bytes = pinned ? bytes : 0;
-  m.pinned_buffers = pinned ? m.host.live() : 0;
+  m.host_bytes = static_cast<int64_t>(engine_->host_bytes(false));
+  m.pinned_bytes = static_cast<int64_t>(engine_->host_bytes(true));
+  m.pinned_buffers = engine_->host_counts(true).live();
   for (const auto& t : transfers_) {
     if (!t) continue;
     const cuda::TransferCounts c = t->counts();

@@ -1963,3 +1963,12 @@ FAKE_EXPORT int fake_cuda_clear_fault(int device) {
   d.devices[device].sticky = kSuccess;
   return 0;
 }
+
+// 1 if `p` lies in live page-locked memory (cuMemHostAlloc or cuMemHostRegister), else 0.
+FAKE_EXPORT int fake_cuda_page_locked(const void* p) {
+  if (g_forked.load()) return -1;
+  Driver& d = drv();
+  Lock lk(d.mu);
+  const Allocation* a = find_allocation(d, reinterpret_cast<uintptr_t>(p));
+  return a != nullptr && a->pinned && a->live && range_inside(*a, reinterpret_cast<uintptr_t>(p), 1) ? 1 : 0;
+}
