@@ -855,3 +855,37 @@ def test_cpu_outputs_of_a_gpu_loader_are_ordinary_memory(driver):
     mem = loader._memory()
     assert mem["host_bytes"] > 0 and mem["pinned_bytes"] > 0, mem
     assert mem["pinned_buffers"] <= 2 * (3 + 1 + 2 + 1), mem  # the GPU output's window, copies, spare
+
+
+# ---- The per-thread default stream
+
+def test_batches_read_on_a_per_thread_stream_and_dropped_on_another_thread(driver):
+    # With torch built for per-thread default streams, the current stream is CU_STREAM_PER_THREAD
+    # (0x2): a handle that names the calling thread's own stream. A batch read on thread A's and
+    # dropped on thread B (a queue to a logging thread, say) must not have its release recorded
+    # on B's per-thread stream, which knows nothing of A's reads.
+    user = User(driver)
+    x = np.arange(20_000, dtype=np.int64).reshape(2000, 10)
+    loader = gpu_loader(fl.Dataset({"x": x}), 50, with_index=True, prefetch=2)
+    loader._test_stream = 0x2
+    handed: list = []
+    done = threading.Event()
+
+    def consume():
+        user.current()
+        for batch in loader:
+            user.sleep(0x2, 300)  # this thread's step, on its per-thread stream
+            batch["x"].touch()
+            handed.append(batch)  # dropped by the main thread below
+        done.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    while not done.is_set() or handed:
+        if handed:
+            handed.pop(0)  # the last reference dies on this thread
+        else:
+            time.sleep(0.0005)
+    t.join()
+    found = misuses(driver)
+    assert not found, found[:3]

@@ -23,6 +23,9 @@ constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+// The reserved stream handles besides 0 (the legacy default stream too).
+inline const CUstream CU_STREAM_LEGACY = reinterpret_cast<CUstream>(0x1);
+inline const CUstream CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
 constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x1;

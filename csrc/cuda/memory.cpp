@@ -86,7 +86,11 @@ void DeviceBuffer::release_after(api::CUstream stream) noexcept {
   ScopedContext scope(*context());
   pending_ = 0;
   for (size_t i = 0; i < uses; ++i) {
-    const api::CUresult r = driver().cuEventRecord(releases_[i].get(), i == 0 ? stream : uses_[i]);
+    // A recorded CU_STREAM_PER_THREAD named the recording thread's stream, which this thread
+    // cannot name: the legacy stream waits for it (and every other blocking stream).
+    api::CUstream on = i == 0 ? stream : uses_[i];
+    if (i > 0 && on == api::CU_STREAM_PER_THREAD) on = api::CU_STREAM_LEGACY;
+    const api::CUresult r = driver().cuEventRecord(releases_[i].get(), on);
     if (r != api::CUDA_SUCCESS) {
       log_failure(r, "cuEventRecord (batch release)");
       // Everything queued anywhere on the device before now includes the consumer's reads (the
