@@ -889,3 +889,44 @@ def test_batches_read_on_a_per_thread_stream_and_dropped_on_another_thread(drive
     t.join()
     found = misuses(driver)
     assert not found, found[:3]
+
+
+# ---- A kernel of the user's faults
+
+def test_a_faulting_kernel_is_one_clear_error_not_a_burst(fake):
+    # A kernel of the training step faults (illegal address): from then on every CUDA call in the
+    # context fails with that sticky error. The loop gets one error that says so, and fastload's
+    # cleanup (every batch's release, every free, every stream) does not print a line per call.
+    r = _run_child("""
+        import ctypes, os, sys, numpy as np, fastload as fl
+        sys.path.insert(0, os.environ["TESTS"])
+        from test_cuda_standin import User
+        lib = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
+        user = User(lib)
+        loader = fl.Loader(fl.Dataset({"x": np.zeros((20000, 64), np.float32)}), 64, device="cuda:0",
+                           prefetch=4, streams=2)
+        loader._raw_device_batches = True
+        kept = []
+        try:
+            for i, batch in enumerate(loader):
+                batch["x"].touch()
+                kept.append(batch)
+                if i == 20:
+                    assert lib.fake_cuda_fault(None, 700) == 0  # the step's kernel, on the legacy stream
+                if len(kept) > 5:
+                    kept.pop(0)
+            print("no error")
+        except RuntimeError as e:
+            print("raised:", e)
+        del kept, batch
+        loader.close()
+        print("closed", flush=True)
+    """, {"FASTLOAD_LIBCUDA": str(fake.path), "TESTS": str(Path(__file__).parent)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "closed" in r.stdout, r.stdout
+    raised = [line for line in r.stdout.splitlines() if line.startswith("raised:")]
+    assert len(raised) == 1, r.stdout
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in raised[0] and "sticky" in raised[0], raised[0]
+    assert "CUDA_LAUNCH_BLOCKING=1" in raised[0], raised[0]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("fastload")]
+    assert len(lines) <= 1, lines[:10]

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -155,6 +156,13 @@ std::string error_text(api::CUresult result) {
 
 void check(api::CUresult result, const char* call) {
   if (result == api::CUDA_SUCCESS) return;
+  if (is_sticky(result))
+    throw DriverError("a CUDA kernel failed on the GPU: " + error_text(result) +
+                          ". The error is sticky: the device's CUDA context is unusable for the rest of this "
+                          "process, and every later CUDA call fails with it (fastload saw it in " + call +
+                          "). The kernel that failed is most likely one of your training step's; run with "
+                          "CUDA_LAUNCH_BLOCKING=1 to find which",
+                      result);
   throw DriverError(std::string(call) + " failed: " + error_text(result), result);
 }
 
@@ -162,9 +170,38 @@ bool is_shutdown(api::CUresult result) {
   return result == api::CUDA_ERROR_DEINITIALIZED || result == api::CUDA_ERROR_NOT_INITIALIZED;
 }
 
+bool is_sticky(api::CUresult result) {
+  switch (result) {
+    case 214:  // CUDA_ERROR_ECC_UNCORRECTABLE
+    case 700:  // CUDA_ERROR_ILLEGAL_ADDRESS
+    case 702:  // CUDA_ERROR_LAUNCH_TIMEOUT
+    case 710:  // CUDA_ERROR_ASSERT
+    case 714:  // CUDA_ERROR_HARDWARE_STACK_ERROR
+    case 715:  // CUDA_ERROR_ILLEGAL_INSTRUCTION
+    case 716:  // CUDA_ERROR_MISALIGNED_ADDRESS
+    case 717:  // CUDA_ERROR_INVALID_ADDRESS_SPACE
+    case 718:  // CUDA_ERROR_INVALID_PC
+    case 719:  // CUDA_ERROR_LAUNCH_FAILED
+      return true;
+    default:
+      return false;
+  }
+}
+
 void log_failure(api::CUresult result, const char* call) noexcept {
   if (result == api::CUDA_SUCCESS || is_shutdown(result)) return;
   try {
+    if (is_sticky(result)) {
+      // Every cleanup call fails from now on (each batch's release, each free, each stream):
+      // one line says so, instead of one per call.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        std::fprintf(stderr,
+                     "fastload: a CUDA kernel failed on the GPU (%s); the context is unusable, so fastload's "
+                     "cleanup calls fail from now on (%s was the first) and are not reported one by one\n",
+                     error_text(result).c_str(), call);
+      return;
+    }
     std::fprintf(stderr, "fastload: %s failed during cleanup: %s\n", call, error_text(result).c_str());
   } catch (...) {
   }

@@ -45,7 +45,11 @@ std::string error_text(api::CUresult result);
 // True for the results a call gets once the driver is shutting down (at interpreter exit):
 // destructors and deleters then give up quietly.
 bool is_shutdown(api::CUresult result);
+// True for the errors a failed kernel leaves in its context for good (an illegal address, a
+// device-side assert, ...): every later call in that context fails with the same error.
+bool is_sticky(api::CUresult result);
 // For cleanup paths that must not throw: reports a failure on stderr unless it is a shutdown.
+// A sticky error is reported once per process (after it, every cleanup call fails with it).
 void log_failure(api::CUresult result, const char* call) noexcept;
 
 }  // namespace fastload::cuda

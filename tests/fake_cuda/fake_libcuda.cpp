@@ -71,7 +71,6 @@ constexpr CUresult kIllegalState = 401;
 constexpr CUresult kIllegalAddress = 700;
 constexpr CUresult kHostMemoryAlreadyRegistered = 712;
 constexpr CUresult kHostMemoryNotRegistered = 713;
-constexpr CUresult kLaunchFailed = 719;
 constexpr CUresult kCaptureUnsupported = 900;
 constexpr CUresult kCaptureInvalidated = 901;
 constexpr CUresult kCaptureWrongThread = 908;
@@ -1488,7 +1487,9 @@ CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, 
     }
     Allocation* dev = device_range(d, s, static_cast<uintptr_t>(dst), bytes, fn, "destination");
     if (dev == nullptr) return kInvalidValue;
-    if (inject_failure(d.cfg.fail_copy_after)) return kLaunchFailed;
+    // A copy refused in a way that leaves the context usable (the launch errors a real driver
+    // returns here come from an earlier kernel's fault and are sticky: see fake_cuda_fault).
+    if (inject_failure(d.cfg.fail_copy_after)) return kUnknown;
     if (captured(s)) return kSuccess;
     if (!(s->flags & kStreamNonBlocking))
       misuse("copy on a blocking stream: %s on %s, created without CU_STREAM_NON_BLOCKING", fn,
