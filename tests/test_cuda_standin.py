@@ -930,3 +930,39 @@ def test_a_faulting_kernel_is_one_clear_error_not_a_burst(fake):
     assert "CUDA_LAUNCH_BLOCKING=1" in raised[0], raised[0]
     lines = [line for line in r.stderr.splitlines() if line.startswith("fastload")]
     assert len(lines) <= 1, lines[:10]
+
+
+# ---- Through torch's own DLPack import and deleter
+
+def test_device_parts_through_torchs_dlpack_import_and_deleter(driver):
+    # A CPU build of torch cannot import CUDA tensors, so here the stand-in's "device" memory (host
+    # memory) is exported as CPU DLPack tensors: the same export, owner and deleter as CUDA
+    # batches, only the device type differs. torch.from_dlpack makes the tensors, and torch's
+    # deleter (when the last tensor or view dies) is what records the release.
+    user = User(driver)
+    x = np.arange(20_000, dtype=np.int64).reshape(2000, 10)
+    loader = fl.Loader(fl.Dataset({"x": x}), 100, device="cuda:0", with_index=True, prefetch=2)
+    loader._standin_tensors = True
+    records = lambda: thread_calls(driver, "cuEventRecord")["cuEventRecord"]  # noqa: E731
+    views = []
+    i = -1
+    for batch in loader:  # (not enumerate: its result tuple would keep the batch alive)
+        i += 1
+        assert isinstance(batch["x"], torch.Tensor) and batch["x"].dtype == torch.int64
+        assert batch["x"].shape == (100, 10)
+        user.synchronize(0)  # the consumer stream waited for the copy: now the bytes are there
+        np.testing.assert_array_equal(batch["x"].numpy(), x[batch["index"].numpy()])
+        if i % 5 == 0:
+            views.append((batch["x"][3:7], batch["index"][3:7].clone()))  # a view keeps its column
+        before = records()
+        del batch
+        if i % 5 != 0:
+            assert records() - before == 2  # torch's deleter ran: a release per column
+    before = records()
+    loader.close()
+    for v, ids in views:  # held views outlive the loader, and their memory was never reused
+        np.testing.assert_array_equal(v.numpy(), x[ids.numpy()])
+    gc.collect()
+    del v, ids
+    views.clear()
+    assert records() - before == len(range(0, 20, 5))  # one release per held column, at its death

@@ -34,6 +34,13 @@ constexpr std::chrono::milliseconds kSignalCheckInterval{50};
 // A wait ended because the epoch was cancelled.
 struct Cancelled {};
 
+// What a GPU output's parts become. Tests only, besides Tensors: Raw parts are read back through
+// the driver; StandinTensors are DLPack exports of the stand-in driver's "device" memory (host
+// memory) as CPU tensors, so that a CPU build of torch imports them with its own from_dlpack and
+// its deleter runs fastload's release path exactly as for CUDA tensors; only the device type
+// in the DLPack tensor differs.
+enum class DeviceParts { Tensors, Raw, StandinTensors };
+
 // The Python-facing engine: the runtime, plus the source handle (whose Python objects own the
 // memory the threads read) and what Python needs to build tensors.
 class PyEngine {
@@ -74,11 +81,11 @@ class PyEngine {
   // The next batch's parts (None at the end) as DLPack capsules, or RawDevicePart with raw=True
   // (tests with the stand-in driver). For a GPU output `stream` is the consumer's stream, made to
   // wait on the batch's copy. `ready`, if given, gets the batches ready when the call began.
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* ready,
+  py::object take(const Run& run, int output, uintptr_t stream, DeviceParts mode, int64_t* rows, int64_t* ready,
                   std::shared_ptr<void>* extras) {
     runtime_->check_not_forked();
     if (run.transfers.at(static_cast<size_t>(output)))
-      return take_device(run, output, stream, raw, rows, ready, extras);
+      return take_device(run, output, stream, mode, rows, ready, extras);
     Batch batch;
     int64_t* ready_at_entry = ready;  // counted by the first attempt only
     const bool more = wait([&](std::chrono::milliseconds timeout) {
@@ -198,8 +205,8 @@ class PyEngine {
     }
   }
 
-  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* ready,
-                         std::shared_ptr<void>* extras) {
+  py::object take_device(const Run& run, int output, uintptr_t raw_stream, DeviceParts mode, int64_t* rows,
+                         int64_t* ready, std::shared_ptr<void>* extras) {
     const auto stream = reinterpret_cast<cuda::api::CUstream>(raw_stream);
     cuda::DeviceBatch batch;
     int64_t* ready_at_entry = ready;
@@ -226,15 +233,16 @@ class PyEngine {
     for (size_t p = 0; p < L.num_parts(); ++p) {
       auto user = std::make_shared<UserDevicePart>(std::move(batch.parts[p]), stream);
       const PartSchema& m = L.parts[p];
-      if (raw) {
+      if (mode == DeviceParts::Raw) {
         std::vector<int64_t> shape{batch.rows};
         shape.insert(shape.end(), m.row_shape.begin(), m.row_shape.end());
         const size_t bytes = L.part_row_bytes[p] * static_cast<size_t>(batch.rows);
         parts.append(py::cast(RawDevicePart{user, bytes, m.dtype, shape}));
       } else {
         void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(user->buffer->ptr()));
-        const int device = user->buffer->device();
-        parts.append(export_tensor(std::move(user), data, 2, device, m.dtype, batch.rows, m.row_shape));
+        const bool cpu = mode == DeviceParts::StandinTensors;
+        const int device = cpu ? 0 : user->buffer->device();
+        parts.append(export_tensor(std::move(user), data, cpu ? 1 : 2, device, m.dtype, batch.rows, m.row_shape));
       }
     }
     return std::move(parts);
@@ -269,10 +277,12 @@ const char* const kSupersededMessage =
 class Iterator {
  public:
   Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw,
-           uintptr_t test_stream)
+           uintptr_t test_stream, bool standin_tensors)
       : owner_(std::move(owner)), engine_(std::move(engine)), run_(std::move(run)), output_(output), device_(device),
         raw_(raw && device >= 0), test_stream_(test_stream) {  // a CPU output's batches are tensors always
-    if (device_ >= 0 && !raw_) current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
+    mode_ = raw_ ? DeviceParts::Raw : standin_tensors ? DeviceParts::StandinTensors : DeviceParts::Tensors;
+    if (device_ >= 0 && mode_ == DeviceParts::Tensors)
+      current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
     if (!raw_) {
       py::object torch_c = py::module_::import("torch._C");
       // The builtin, not torch.from_dlpack: a Python function could run a signal handler.
@@ -303,7 +313,7 @@ class Iterator {
     int64_t rows = 0;
     std::shared_ptr<void> extras;
     try {
-      parts = engine.take(*run_, output_, stream, raw_, &rows, counting ? &ready : nullptr, &extras);
+      parts = engine.take(*run_, output_, stream, mode_, &rows, counting ? &ready : nullptr, &extras);
     } catch (const Cancelled&) {
       if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
@@ -377,6 +387,7 @@ class Iterator {
   int output_;
   int device_;
   bool raw_;
+  DeviceParts mode_ = DeviceParts::Tensors;
   uintptr_t test_stream_;  // the consumer stream of raw device batches (tests)
   py::object current_stream_, from_dlpack_;
   py::object pending_ = py::none();  // a batch taken but not handed out (a signal interrupted next())
@@ -440,9 +451,9 @@ void register_loader(py::module_& m) {
                            return 0;
                          };
                        }))
-      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool, uintptr_t>(), py::arg("owner"),
+      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool, uintptr_t, bool>(), py::arg("owner"),
            py::arg("engine"), py::arg("epoch"), py::arg("output"), py::arg("device"), py::arg("raw") = false,
-           py::arg("test_stream") = 0)
+           py::arg("test_stream") = 0, py::arg("standin_tensors") = false)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Iterator::next)
       .def("__len__", &Iterator::remaining);
