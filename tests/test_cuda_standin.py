@@ -966,3 +966,42 @@ def test_device_parts_through_torchs_dlpack_import_and_deleter(driver):
     del v, ids
     views.clear()
     assert records() - before == len(range(0, 20, 5))  # one release per held column, at its death
+
+
+# ---- Which call reads the consumer stream
+
+@pytest.mark.parametrize("raw_available", [True, False])
+def test_next_reads_the_current_stream_with_one_call(driver, monkeypatch, raw_available):
+    # On a CUDA build of torch, next() reads the current stream's raw handle through
+    # torch._C._cuda_getCurrentRawStream (one C call) rather than building a torch.cuda.Stream
+    # per batch; torch.cuda.current_stream is the fallback where the raw call is missing. Here
+    # torch is a CPU build: both are stand-ins that return a stream of the stand-in driver, and
+    # the capsules next() makes are kept as they are (a CPU torch cannot import CUDA ones).
+    user = User(driver)
+    consumer = user.stream()
+    raw_calls, stream_calls = [], []
+
+    class Stream:
+        cuda_stream = consumer
+
+    def current_stream(device=None):
+        stream_calls.append(device)
+        return Stream()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    if raw_available:
+        monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: raw_calls.append(d) or consumer,
+                            raising=False)
+    else:
+        monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    monkeypatch.setattr(torch._C, "_from_dlpack", lambda capsule: capsule)
+    loader = fl.Loader(fl.Dataset({"x": np.arange(1000)}), 100, device="cuda:0", prefetch=2)
+    n = sum(1 for _ in loader)
+    gc.collect()
+    assert n == 10
+    reads = n + 1  # every next() reads it, the one that ends the epoch too
+    if raw_available:
+        assert raw_calls == [0] * reads and stream_calls == [0]  # once at iter(), to initialise torch
+    else:
+        assert raw_calls == [] and stream_calls == [0] * (reads + 1)

@@ -281,8 +281,19 @@ class Iterator {
       : owner_(std::move(owner)), engine_(std::move(engine)), run_(std::move(run)), output_(output), device_(device),
         raw_(raw && device >= 0), test_stream_(test_stream) {  // a CPU output's batches are tensors always
     mode_ = raw_ ? DeviceParts::Raw : standin_tensors ? DeviceParts::StandinTensors : DeviceParts::Tensors;
-    if (device_ >= 0 && mode_ == DeviceParts::Tensors)
-      current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
+    if (device_ >= 0 && mode_ == DeviceParts::Tensors) {
+      // The consumer stream's raw handle, read once per next(). torch.cuda.current_stream(d)
+      // builds a torch.cuda.Stream object each time (Python code, a few µs); torch's own
+      // compiled code (Triton, Inductor) reads the handle with one C call instead. The first
+      // read goes through current_stream, which initialises torch's CUDA state if needed.
+      py::object torch_cuda = py::module_::import("torch.cuda");
+      torch_cuda.attr("current_stream")(device_);
+      py::object torch_c = py::module_::import("torch._C");
+      if (py::hasattr(torch_c, "_cuda_getCurrentRawStream"))
+        raw_stream_ = torch_c.attr("_cuda_getCurrentRawStream");
+      else
+        current_stream_ = torch_cuda.attr("current_stream");
+    }
     if (!raw_) {
       py::object torch_c = py::module_::import("torch._C");
       // The builtin, not torch.from_dlpack: a Python function could run a signal handler.
@@ -305,7 +316,10 @@ class Iterator {
       return batch;
     }
     uintptr_t stream = test_stream_;
-    if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
+    if (raw_stream_)
+      stream = raw_stream_(device_).cast<uintptr_t>();
+    else if (current_stream_)
+      stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
     const bool counting = engine.counting();
     const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
     int64_t ready = 0;
@@ -370,7 +384,7 @@ class Iterator {
 
   // The garbage collector's view (loader.it = iter(loader) is a cycle through this object).
   int traverse(visitproc visit, void* arg) const {
-    for (const py::object* o : {&owner_, &engine_, &current_stream_, &from_dlpack_, &pending_})
+    for (const py::object* o : {&owner_, &engine_, &current_stream_, &raw_stream_, &from_dlpack_, &pending_})
       Py_VISIT(o->ptr());
     return 0;
   }
@@ -389,7 +403,7 @@ class Iterator {
   bool raw_;
   DeviceParts mode_ = DeviceParts::Tensors;
   uintptr_t test_stream_;  // the consumer stream of raw device batches (tests)
-  py::object current_stream_, from_dlpack_;
+  py::object current_stream_, raw_stream_, from_dlpack_;
   py::object pending_ = py::none();  // a batch taken but not handed out (a signal interrupted next())
 };
 
