@@ -20,6 +20,7 @@ cuda::Misuse parse_misuse(const std::string& s) {
   if (s == "skip_consumer_wait") return cuda::Misuse::SkipConsumerWait;
   if (s == "skip_release_wait") return cuda::Misuse::SkipReleaseWait;
   if (s == "early_host_release") return cuda::Misuse::EarlyHostRelease;
+  if (s == "skip_host_register") return cuda::Misuse::SkipHostRegister;
   throw std::invalid_argument("unknown misuse " + s);
 }
 

@@ -94,6 +94,8 @@ Loaded load() {
   FASTLOAD_FETCH(cuMemGetInfo)
   FASTLOAD_FETCH(cuMemHostAlloc)
   FASTLOAD_FETCH(cuMemFreeHost)
+  FASTLOAD_FETCH(cuMemHostRegister)
+  FASTLOAD_FETCH(cuMemHostUnregister)
   FASTLOAD_FETCH(cuMemcpyHtoDAsync)
   FASTLOAD_FETCH(cuMemcpyDtoHAsync)
   FASTLOAD_FETCH(cuThreadExchangeStreamCaptureMode)

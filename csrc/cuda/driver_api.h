@@ -29,6 +29,7 @@ inline const CUstream CU_STREAM_PER_THREAD = reinterpret_cast<CUstream>(0x2);
 constexpr unsigned CU_EVENT_BLOCKING_SYNC = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x1;
+constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x1;
 constexpr int CU_GET_PROC_ADDRESS_DEFAULT = 0;
 constexpr int CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2;  // the symbol status out-parameter
 // CUstreamCaptureMode.
@@ -68,6 +69,8 @@ struct Functions {
   CUresult (*cuMemGetInfo)(size_t*, size_t*) = nullptr;
   CUresult (*cuMemHostAlloc)(void**, size_t, unsigned) = nullptr;
   CUresult (*cuMemFreeHost)(void*) = nullptr;
+  CUresult (*cuMemHostRegister)(void*, size_t, unsigned) = nullptr;  // _v2
+  CUresult (*cuMemHostUnregister)(void*) = nullptr;
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream) = nullptr;
   CUresult (*cuThreadExchangeStreamCaptureMode)(int*) = nullptr;  // CUDA 10.1

@@ -49,6 +49,34 @@ DeviceBuffer::DeviceBuffer(std::shared_ptr<PrimaryContext> ctx, api::CUdeviceptr
   uses_.reserve(4);
 }
 
+void* RegisteredAllocator::allocate(size_t bytes) {
+  void* p = inner_->allocate(bytes);
+  if (skip_) return p;
+  ScopedContext scope(*ctx_);
+  RelaxedCapture relaxed;  // collation threads run user code: their own mode is theirs
+  const api::CUresult r = driver().cuMemHostRegister(p, bytes ? bytes : 1, api::CU_MEMHOSTREGISTER_PORTABLE);
+  if (r == api::CUDA_SUCCESS) return p;
+  inner_->deallocate(p, bytes);
+  if (r == api::CUDA_ERROR_OUT_OF_MEMORY) throw std::bad_alloc();
+  check(r, "cuMemHostRegister");
+  return nullptr;  // not reached
+}
+
+void RegisteredAllocator::deallocate(void* p, size_t bytes) noexcept {
+  if (skip_) {
+    inner_->deallocate(p, bytes);
+    return;
+  }
+  // As for pinned slots: it comes back only after its copy completed.
+  defer_free([ctx = ctx_, inner = inner_, p, bytes] {
+    {
+      ScopedContext scope(*ctx);
+      log_failure(driver().cuMemHostUnregister(p), "cuMemHostUnregister");
+    }
+    inner->deallocate(p, bytes);  // unmapped only once unregistered
+  });
+}
+
 int DeviceBuffer::device() const { return context()->device(); }
 
 void DeviceBuffer::hand_out(api::CUstream stream) {

@@ -1,7 +1,9 @@
 // Where a GPU loader's memory comes from.
 //
 // Host: page-locked slots (cuMemHostAlloc, portable to every context) injected into the core's
-// buffer pools, so collation threads gather straight into memory the copy engine can read.
+// buffer pools, so collation threads gather straight into memory the copy engine can read; or,
+// with worker processes, their shared-memory slots page-locked in place (cuMemHostRegister), so
+// a sample is copied once, from the worker's output to the device.
 //
 // Device: the engine's own pool of cuMemAlloc buffers, one per part of a batch, not PyTorch's
 // caching allocator. Why: a batch's memory must not be reused while the consumer may still read
@@ -41,6 +43,27 @@ class PinnedAllocator final : public fastload::HostAllocator {
 
  private:
   std::shared_ptr<PrimaryContext> ctx_;
+};
+
+// Another allocator's memory, page-locked for the GPU: each allocation is registered with
+// cuMemHostRegister (portable to every context) once, when it is made, and unregistered before
+// it goes back (the segments of worker processes: registered memory must not be unmapped).
+// Both the registration and the unregistration may synchronise the device: the latter runs on
+// the deferred-free thread, then the memory goes back to the inner allocator.
+class RegisteredAllocator final : public fastload::HostAllocator {
+ public:
+  // skip: the deliberate misuse of tests (the memory is then never page-locked).
+  RegisteredAllocator(std::shared_ptr<PrimaryContext> ctx, std::shared_ptr<fastload::HostAllocator> inner,
+                      bool skip = false)
+      : ctx_(std::move(ctx)), inner_(std::move(inner)), skip_(skip) {}
+  void* allocate(size_t bytes) override;  // throws std::bad_alloc when out of memory
+  void deallocate(void* p, size_t bytes) noexcept override;
+  bool page_locked() const override { return true; }
+
+ private:
+  std::shared_ptr<PrimaryContext> ctx_;
+  std::shared_ptr<fastload::HostAllocator> inner_;
+  const bool skip_;
 };
 
 class DevicePool;

@@ -32,7 +32,7 @@
 namespace fastload::cuda {
 
 // Deliberate misuses, for the tests that prove the stand-in driver catches each one.
-enum class Misuse { None, SkipConsumerWait, SkipReleaseWait, EarlyHostRelease };
+enum class Misuse { None, SkipConsumerWait, SkipReleaseWait, EarlyHostRelease, SkipHostRegister };
 
 struct DeviceBatch {
   std::vector<std::shared_ptr<DeviceBuffer>> parts;

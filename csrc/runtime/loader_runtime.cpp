@@ -10,7 +10,8 @@
 namespace fastload {
 
 LoaderRuntime::LoaderRuntime(std::shared_ptr<BatchSource> source, const RuntimeOptions& options)
-    : prefetch_(options.engine.prefetch), streams_(options.streams), cache_release_(options.cache_release) {
+    : prefetch_(options.engine.prefetch), streams_(options.streams), cache_release_(options.cache_release),
+      shared_memory_(options.host_memory) {
   if (streams_ <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams_));
   engine_ = std::make_unique<Engine>(std::move(source), options.engine,
                                      options.host_memory ? options.host_memory : make_aligned_allocator());
@@ -61,7 +62,15 @@ std::shared_ptr<Run> LoaderRuntime::start(std::vector<EpochPlan> plans, int64_t 
     }
     run->transfers[d] = transfers_[d];
     extra += transfers_[d]->in_flight_limit();
-    if (!pinned_) pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());
+    if (!pinned_) {
+      // Worker processes write into shared-memory slots: those are page-locked in place, so the
+      // transfer engine copies straight from what the workers wrote.
+      if (shared_memory_)
+        pinned_ = std::make_shared<cuda::RegisteredAllocator>(transfers_[d]->context(), shared_memory_,
+                                                              misuse_ == cuda::Misuse::SkipHostRegister);
+      else
+        pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());
+    }
     // Page-locked slots for a GPU output only: a CPU output of the same loader gets ordinary
     // memory, so that a non_blocking .to("cuda") of its batches is a staged copy that is done
     // when it returns, not a DMA still reading a slot the loader recycles.

@@ -93,6 +93,7 @@ class LoaderRuntime {
   bool stall_warned_ = false;  // the hint is given once per loader
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const BatchLayout> layout_;  // outlives a closed engine: batches still need it
+  std::shared_ptr<HostAllocator> shared_memory_;  // worker processes' segments (RuntimeOptions::host_memory)
   std::shared_ptr<HostAllocator> pinned_;      // made on the first GPU epoch
   std::vector<std::shared_ptr<cuda::TransferEngine>> transfers_;  // by output index
 };

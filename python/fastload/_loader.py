@@ -199,9 +199,6 @@ class Loader:
         self._native = native
         self._workers: WorkerProcesses | None = None
         if workers == "processes":
-            if self._device.type == "cuda":
-                raise NotImplementedError("workers='processes' with a CUDA device is not built yet: use "
-                                          "workers='threads', or device='cpu' and move batches yourself")
             self._workers = WorkerProcesses(source, threads)  # pickles the dataset now: errors come early
         self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
                                  self._streams, self._workers.memory if self._workers else None)
