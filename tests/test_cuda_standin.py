@@ -300,6 +300,9 @@ UNAVAILABLE = """
     ("no_driver", "no CUDA driver"),
     ("stub", "stub"),
     ("no_device", "no CUDA device"),
+    # A driver that predates an entry point fastload needs (cuGetProcAddress gives NULL for a
+    # symbol newer than the driver; cuDevicePrimaryCtxRelease_v2 is CUDA 11.0's): said by name.
+    ("old_driver", "lacks cuDevicePrimaryCtxRelease"),
 ])
 def test_without_a_usable_driver_cpu_works_and_cuda_says_why(fake, case, expected):
     env = {"FASTLOAD_LIBCUDA": str(fake.path)}
@@ -307,6 +310,8 @@ def test_without_a_usable_driver_cpu_works_and_cuda_says_why(fake, case, expecte
         env["FASTLOAD_LIBCUDA"] = "/nonexistent/libcuda.so.1"
     elif case == "stub":
         env["CONFIGURE"] = "stub=1"
+    elif case == "old_driver":
+        env["CONFIGURE"] = "driver_version=10000"
     else:
         env["CONFIGURE"] = "device_count=0"
     r = _run_child(UNAVAILABLE, env)
@@ -1005,3 +1010,19 @@ def test_next_reads_the_current_stream_with_one_call(driver, monkeypatch, raw_av
         assert raw_calls == [0] * reads and stream_calls == [0]  # once at iter(), to initialise torch
     else:
         assert raw_calls == [] and stream_calls == [0] * (reads + 1)
+
+
+def test_a_cuda_11_4_driver_has_every_entry_point_fastload_needs(fake):
+    # fastload asks for its entry points at CUDA 12.0; a driver of CUDA 11.4 (the oldest with
+    # cuGetProcAddress is 11.3) gives the newest it has of each, which are all fastload uses.
+    r = _run_child("""
+        import ctypes, os, numpy as np, fastload as fl
+        lib = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
+        lib.fake_cuda_configure.argtypes = [ctypes.c_char_p, ctypes.c_longlong]
+        assert lib.fake_cuda_configure(b"driver_version", 11040) == 0
+        loader = fl.Loader(fl.Dataset({"x": np.arange(100)}), 10, device="cuda:0")
+        loader._raw_device_batches = True
+        print(sum(1 for _ in loader), "batches")
+    """, {"FASTLOAD_LIBCUDA": str(fake.path)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "10 batches" in r.stdout

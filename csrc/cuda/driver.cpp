@@ -34,7 +34,7 @@ bool fetch(void* getter, bool v2, const char* name, F* out, std::string* error) 
     *error = std::string("the CUDA driver lacks ") + name +
              (status == api::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                   ? " at the CUDA version fastload asks for (" + std::to_string(api::kApiVersion) + ")"
-                  : std::string(" (a driver older than CUDA 12?)"));
+                  : std::string(" (a driver older than the CUDA version that introduced it)"));
     return false;
   }
   *out = reinterpret_cast<F>(p);
