@@ -42,6 +42,8 @@ class CollationError : public std::runtime_error {
 };
 
 struct OutputSpec {
+  OutputSpec(EpochPlan p, bool native = false, std::shared_ptr<HostAllocator> m = nullptr)
+      : plan(std::move(p)), native_consumer(native), memory(std::move(m)) {}
   EpochPlan plan;
   // A native consumer (a device's transfer thread) is woken for every batch, and a batch it
   // takes keeps its window place until it calls retire(); a Python consumer is woken once
