@@ -36,7 +36,14 @@ ROW_BYTES = 4096            # one sample: a 4 KiB uint8 row (an image patch, a f
 PAGE = os.sysconf("SC_PAGE_SIZE")
 CORES = len(os.sched_getaffinity(0))
 DATALOADER_WORKERS = 8
-MATMUL_SIZES = (4096, 2048, 1024, 512)  # tried in turn until one matmul is <= a quarter of the step
+# The stand-in GPU of tests/test_gpu_check.py (tests/gpu_standin): fastload runs on the stand-in
+# driver and hands out CPU tensors, so this file's own tensors live on the CPU, nothing is pinned
+# (torch has no pinned allocator without CUDA), and the matmuls are small. Nothing it prints
+# measures a GPU; it runs every line the GPU run does.
+STANDIN = bool(getattr(torch.cuda, "is_fastload_standin", False))
+PIN = not STANDIN
+MATMUL_SIZES = (256, 128) if STANDIN else (4096, 2048, 1024, 512)  # tried in turn until one matmul
+                                                                     # is <= a quarter of the step
 
 # (label, batch MiB, GPU work per step in ms): compute-bound (the loader is faster than the step:
 # every feeder should reach the ideal) and loader-bound (a step consumes more bytes per second
@@ -122,6 +129,7 @@ def environment(argv: list[str]) -> dict[str, Any]:
         "python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "numpy": np.__version__, "cores": CORES, "platform": f"{platform.system()} {platform.release()}",
         "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "standin": STANDIN,
     }
     try:
         env["git"] = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"],
@@ -147,6 +155,9 @@ def environment(argv: list[str]) -> dict[str, Any]:
 
 def print_environment(env: dict[str, Any]) -> None:
     print("# fastload GPU benchmark\n")
+    if env.get("standin"):
+        print("STAND-IN RUN (tests/gpu_standin): no GPU; fastload ran on the stand-in driver and nothing "
+              "below measures a GPU\n")
     print(f"- date: {env['date']}")
     print(f"- GPU: {env.get('gpu', 'none')}; torch {env['torch']} (CUDA {env['torch_cuda']}), "
           f"python {env['python']}, numpy {env['numpy']}")
@@ -188,6 +199,11 @@ class Endless:
             return next(self.it)
 
 
+def tensor_device(device: torch.device) -> torch.device:
+    """Where the benchmark's own tensors go: the GPU (the CPU under the stand-in)."""
+    return getattr(torch.cuda, "STANDIN_TENSOR_DEVICE", device)
+
+
 # ----------------------------------------------------------------------------- (a) copy ceiling
 def copy_bandwidth(size: int, pinned: bool, budget_bytes: int, device: torch.device) -> dict[str, float]:
     """GB/s of `src -> device` copies of `size` bytes, back to back on a non-blocking stream.
@@ -196,9 +212,9 @@ def copy_bandwidth(size: int, pinned: bool, budget_bytes: int, device: torch.dev
     timed with CUDA events around the copies. Pageable: the same call from ordinary memory, which
     the driver stages through its own pinned buffer and which blocks the host; timed on the host
     clock up to a synchronize, since that host time is what a training loop pays."""
-    src = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+    src = torch.empty(size, dtype=torch.uint8, pin_memory=pinned and PIN)
     src.copy_(torch.from_numpy(np.frombuffer(np.random.default_rng(size).bytes(size), np.uint8).copy()))
-    dst = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty(size, dtype=torch.uint8, device=tensor_device(device))
     reps = max(3, min(20_000, budget_bytes // size))
     stream = torch.cuda.Stream(device=device)
     with torch.cuda.stream(stream):
@@ -222,7 +238,8 @@ def fastload_delivered(mm: np.ndarray, batch_bytes: int, streams: int | None, de
                        warmup: float, seconds: float) -> dict[str, float]:
     """GB/s fastload hands out: shuffled rows gathered from the memmap, copied to the GPU (or, with
     device="cpu", only gathered), counted when next() returns and closed by a synchronize, so
-    every counted batch's copy has completed. The consumer does nothing else."""
+    every counted batch's copy has completed. The consumer does nothing else. The warm-up lasts
+    `warmup` seconds and at least warmup_batches(loader): the pools are full before timing."""
     import fastload as fl
 
     rows = batch_bytes // ROW_BYTES
@@ -232,9 +249,10 @@ def fastload_delivered(mm: np.ndarray, batch_bytes: int, streams: int | None, de
     cuda = torch.device(device).type == "cuda"
     try:
         next_batch = Endless(lambda: iter(loader))
-        end = time.perf_counter() + warmup
-        while time.perf_counter() < end:
+        end, left = time.perf_counter() + warmup, warmup_batches(loader)
+        while time.perf_counter() < end or left > 0:
             next_batch()
+            left -= 1
         if cuda:
             torch.cuda.synchronize()
         done = 0
@@ -252,12 +270,20 @@ def fastload_delivered(mm: np.ndarray, batch_bytes: int, streams: int | None, de
     return {"gbps": done * rows * ROW_BYTES / wall / 1e9, "batches_per_s": done / wall}
 
 
+def warmup_batches(loader: Any) -> int:
+    """Batches that fill and cycle every pinned and device buffer of a fresh loader once: the
+    pools grow on first use (cuMemHostAlloc of a 64 MiB slot takes tens of ms), and with 16
+    threads a 64 MiB loader holds over a GB; a time-only warm-up would time that growth."""
+    stats = loader.stats()
+    return 2 * (stats.prefetch + stats.streams)
+
+
 # ----------------------------------------------------------------------------- (c) training step
 class Compute:
     """About `ms` of GPU work: k back-to-back m x m matmuls (bf16), calibrated with CUDA events."""
 
     def __init__(self, ms: float, device: torch.device):
-        self.device = device
+        self.device = device = tensor_device(device)
         for m in MATMUL_SIZES:
             self.a = torch.randn(m, m, device=device, dtype=torch.bfloat16)
             self.b = torch.randn(m, m, device=device, dtype=torch.bfloat16)
@@ -286,7 +312,7 @@ class Compute:
 
 
 def run_steps(get_batch: Callable[[], torch.Tensor], compute: Compute, warmup: float,
-              seconds: float) -> dict[str, float]:
+              seconds: float, warmup_steps: int = 0) -> dict[str, float]:
     """Steps/s of a loop `x = get_batch(); compute(); acc += x.sum()` and where the time goes.
 
     - gpu_wait: the share of the GPU's span (first step's start to last step's end, CUDA events
@@ -295,10 +321,12 @@ def run_steps(get_batch: Callable[[], torch.Tensor], compute: Compute, warmup: f
       on the current stream) or for a host that is late to enqueue because it waits for data.
     - host_blocked: the share of wall time the host spent in get_batch() (next(), and .to() for
       the DataLoader feeders), which only costs GPU time once the GPU has run out of queued work.
-    Steps/s counts whole steps over the wall time, closed by a synchronize."""
+    Steps/s counts whole steps over the wall time, closed by a synchronize. The warm-up runs
+    `warmup` seconds and at least `warmup_steps` steps."""
     acc = torch.zeros((), dtype=torch.int64, device=compute.device)
     end = time.perf_counter() + warmup
-    while time.perf_counter() < end:
+    while time.perf_counter() < end or warmup_steps > 0:
+        warmup_steps -= 1
         x = get_batch()
         compute()
         acc += x.sum(dtype=torch.int64)
@@ -360,7 +388,7 @@ def make_dataloader(path: Path, rows: int) -> torch.utils.data.DataLoader:
     sampler = torch.utils.data.BatchSampler(
         torch.utils.data.RandomSampler(ds, generator=torch.Generator().manual_seed(0)), rows, drop_last=True)
     return torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None, num_workers=DATALOADER_WORKERS,
-                                       pin_memory=True, persistent_workers=True, timeout=300)
+                                       pin_memory=PIN, persistent_workers=True, timeout=300)
 
 
 def shutdown_dataloader(next_batch: Endless) -> None:
@@ -397,7 +425,7 @@ def feeder_step(name: str, path: Path, mm: np.ndarray, rows: int, compute: Compu
                 warmup: float, seconds: float, streams: int | None) -> dict[str, float]:
     if name == "ideal":
         rng = np.random.default_rng(1)
-        pool = [torch.from_numpy(mm[np.sort(rng.choice(len(mm), rows, replace=False))]).to(device)
+        pool = [torch.from_numpy(mm[np.sort(rng.choice(len(mm), rows, replace=False))]).to(tensor_device(device))
                 for _ in range(4)]
         i = 0
 
@@ -415,7 +443,7 @@ def feeder_step(name: str, path: Path, mm: np.ndarray, rows: int, compute: Compu
                            device=device, **kw)
         try:
             batches = Endless(lambda: iter(loader))
-            return run_steps(lambda: batches()["x"], compute, warmup, seconds)
+            return run_steps(lambda: batches()["x"], compute, warmup, seconds, warmup_batches(loader))
         finally:
             loader.close()
     dl = make_dataloader(path, rows)
@@ -423,9 +451,9 @@ def feeder_step(name: str, path: Path, mm: np.ndarray, rows: int, compute: Compu
     try:
         cpu()  # worker start-up, before the warm-up's steady state
         if name == "dataloader":
-            return run_steps(lambda: cpu().to(device, non_blocking=True), compute, warmup, seconds)
+            return run_steps(lambda: cpu().to(tensor_device(device), non_blocking=True), compute, warmup, seconds)
         if name == "dataloader+prefetch":
-            return run_steps(SideStreamPrefetch(cpu, device), compute, warmup, seconds)
+            return run_steps(SideStreamPrefetch(cpu, tensor_device(device)), compute, warmup, seconds)
         raise ValueError(name)
     finally:
         shutdown_dataloader(cpu)
@@ -466,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=None,
                     help="fastload's streams in the training-step runs (default: the Loader's default)")
     ap.add_argument("--data-dir", type=Path, default=None, help="where to write the .npy file (default: a temp dir)")
+    ap.add_argument("--file-mib", type=int, default=None,
+                    help="size of the .npy file the loaders read (default 2048, quick 256; at least 64)")
     ap.add_argument("--device", default="cuda:0")
     args = ap.parse_args(argv)
     env = environment(argv)
@@ -480,7 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.set_device(device)
     copy_sizes = (1, 8, 64) if quick else (1, 4, 8, 16, 64, 256)
     copy_budget = (1 << 30) if quick else (8 << 30)
-    file_rows = (256 if quick else 2048) * MIB // ROW_BYTES
+    file_mib = args.file_mib if args.file_mib is not None else (256 if quick else 2048)
+    if file_mib < max(FASTLOAD_BATCHES_MIB):
+        ap.error(f"--file-mib must be at least {max(FASTLOAD_BATCHES_MIB)} (one batch of the largest size), got {file_mib}")
+    file_rows = file_mib * MIB // ROW_BYTES
     print_environment(env)
     print(f"- timing: {rounds} interleaved round(s); fastload and step measurements {seconds:g} s after a "
           f"{warmup:g} s warm-up; copies: about {copy_budget >> 30} GiB per size and kind; medians with "

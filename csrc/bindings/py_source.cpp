@@ -189,6 +189,23 @@ bool current_sample(uint64_t* seed, int64_t* epoch, int64_t* id) {
   return true;
 }
 
+namespace {
+int traverse_tree(const TreeNode& node, visitproc visit, void* arg) {
+  for (const PyRef& key : node.keys) Py_VISIT(key.get());
+  Py_VISIT(node.type.get());
+  for (const TreeNode& child : node.children) {
+    if (const int r = traverse_tree(child, visit, arg)) return r;
+  }
+  return 0;
+}
+}  // namespace
+
+int PythonSource::traverse(visitproc visit, void* arg) const {
+  for (const PyRef* r : {&dataset_, &getitems_, &collate_, &worker_init_, &ascontiguous_, &int16_, &loads_})
+    Py_VISIT(r->get());
+  return traverse_tree(tree_, visit, arg);
+}
+
 PythonSource::PythonSource(py::object dataset, py::object getitems, py::object collate, py::object worker_init,
                            std::vector<Leaf> leaves, TreeNode tree, int64_t size, int num_objects)
     : dataset_(PyRef::borrow(dataset.ptr())), leaves_(std::move(leaves)), tree_(std::move(tree)), size_(size),
@@ -614,7 +631,11 @@ void register_python_source(py::module_& m) {
     }
     auto source = std::make_shared<PythonSource>(dataset, getitems, collate, worker_init, std::move(leaves),
                                                  tree_from(tree), size, objects);
-    return SourceHandle{source, dataset};
+    SourceHandle handle{source, dataset};
+    handle.traverse_source = [](const BatchSource& s, visitproc visit, void* arg) {
+      return static_cast<const PythonSource&>(s).traverse(visit, arg);
+    };
+    return handle;
   }, py::arg("dataset"), py::arg("getitems"), py::arg("collate"), py::arg("worker_init"), py::arg("leaves"),
      py::arg("tree"), py::arg("size"));
 

@@ -106,6 +106,9 @@ class PythonSource final : public BatchSource {
   // for how long (for the loader's timeout=).
   std::string overdue(std::chrono::milliseconds limit) const;
   bool collates() const { return collate_.get() != nullptr; }
+  // Visits every Python object this source holds a reference to (for the cycle collector, through
+  // the BatchSource handle that owns it; see bindings/source.h).
+  int traverse(visitproc visit, void* arg) const;
 
  private:
   void write(const TreeNode& node, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,

@@ -10,12 +10,13 @@ file's size at each iter(), and pickles or deep-copies as its path (opened again
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import math
 import os
 import stat
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -34,19 +35,19 @@ _VERIFY_CHUNK = 16 << 20
 _MAX_MANIFEST_BYTES = 1 << 30  # ~100 bytes a shard file; far above any real manifest
 
 
-def checksum_file(path: str, offset: int, nbytes: int) -> str:
+def _checksum(f: Any, offset: int, nbytes: int) -> str:
+    """Checksum64 of the bytes [offset, offset + nbytes) of the open file f."""
     h = _C.Checksum64()
     buf = bytearray(min(_VERIFY_CHUNK, max(nbytes, 1)))
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        left = nbytes
-        while left > 0:
-            n = f.readinto(view[:min(left, len(buf))])
-            if not n:
-                break
-            h.update(view[:n])
-            left -= n
+    f.seek(offset)
+    left = nbytes
+    while left > 0:
+        n = f.readinto(view[:min(left, len(buf))])
+        if not n:
+            break
+        h.update(view[:n])
+        left -= n
     return h.hexdigest()
 
 
@@ -133,15 +134,30 @@ class _File:
             self.check_header(bytes(memoryview(mapping)[:self.offset]))
         return a
 
-    def verify(self) -> None:
+    def _open_as_opened(self) -> int:
+        """A descriptor of the file, which must still be the one stat'ed at open: what a path names
+        now (another file swapped in, a FIFO that would block a plain open()) is named, never read."""
         try:
-            with open(self.path, "rb") as f:
-                self.check_header(f.read(self.offset))
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise DatasetError(f"{self.path}: shard file is missing") from None
-        if self.checksum is None:
-            return
-        got = checksum_file(self.path, self.offset, self.nbytes)
+            raise DatasetError(f"{self.path}: shard file is missing (deleted since the dataset was opened)") from None
+        except OSError as e:
+            raise DatasetError(f"{self.path}: cannot open the shard ({e.strerror or e})") from None
+        st = os.fstat(fd)
+        now = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if not _is_regular(st.st_mode) or (self.identity is not None and now != self.identity):
+            os.close(fd)
+            what = describe_change(self.identity, now) if _is_regular(st.st_mode) else "is no longer a regular file"
+            raise DatasetError(f"{self.path}: the shard {what}; open the dataset again")
+        return fd
+
+    def verify(self) -> None:
+        """Reads the file opened (its header, and its checksum if the manifest has one)."""
+        with open(self._open_as_opened(), "rb", buffering=0) as f:
+            self.check_header(f.read(self.offset))
+            if self.checksum is None:
+                return
+            got = _checksum(f, self.offset, self.nbytes)
         if got != self.checksum:
             raise DatasetError(f"{self.path}: checksum mismatch ({CHECKSUM} {got}, the manifest "
                                f"{self.checksum}): the shard is corrupt")
@@ -172,7 +188,7 @@ def read_manifest(root: str) -> dict[str, Any]:
     return _load(root)[0]
 
 
-def _load(root: str, attempts: int = 10) -> tuple[dict[str, Any], list[_Column], list[int], int, tuple[int, int]]:
+def _load(root: str, attempts: int = 10) -> "_Opened":
     """_load_once, again if `root` was replaced by an overwrite while it was being read (the
     directory read, swapped out, is being deleted): a reader gets the new dataset, not an error."""
     for attempt in range(attempts):
@@ -187,10 +203,18 @@ class _Replaced(Exception):
     pass
 
 
-def _load_once(root: str, retry: bool = True) -> tuple[dict[str, Any], list[_Column], list[int], int, tuple[int, int]]:
+class _Opened(NamedTuple):
+    manifest: dict[str, Any]
+    columns: list[_Column]
+    rows: list[int]  # per shard
+    total: int
+    directory: tuple[int, int]  # the directory's (st_dev, st_ino)
+    digest: str  # of the manifest's bytes: what a pickle or copy checks it reopens
+
+
+def _load_once(root: str, retry: bool = True) -> _Opened:
     """Reads and checks the manifest and stats every file it names, all relative to one open
-    descriptor of `root`: (manifest, columns, rows per shard, rows, the directory's (st_dev,
-    st_ino)). Raises DatasetError naming the file and the field."""
+    descriptor of `root`. Raises DatasetError naming the file and the field."""
     mpath = os.path.join(root, MANIFEST)
     try:
         dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -202,7 +226,8 @@ def _load_once(root: str, retry: bool = True) -> tuple[dict[str, Any], list[_Col
         st = os.fstat(dir_fd)
         directory = (st.st_dev, st.st_ino)
         try:
-            manifest = parse(read_regular(dir_fd, MANIFEST, _MAX_MANIFEST_BYTES))
+            text = read_regular(dir_fd, MANIFEST, _MAX_MANIFEST_BYTES)
+            manifest = parse(text)
             columns, rows, total = _layout(root, manifest, lambda f: f.stat_at_open(dir_fd))
         except FileNotFoundError:
             raise DatasetError(f"{mpath} is missing: {root} is not a fastload dataset directory, "
@@ -218,7 +243,7 @@ def _load_once(root: str, retry: bool = True) -> tuple[dict[str, Any], list[_Col
         raise
     finally:
         os.close(dir_fd)
-    return manifest, columns, rows, total, directory
+    return _Opened(manifest, columns, rows, total, directory, hashlib.blake2b(text, digest_size=16).hexdigest())
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -233,6 +258,8 @@ def _layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[_
     """The columns and shards the manifest describes, every field checked (raises Bad), each file
     passed to stat_file as soon as its entry is read."""
     total = want_int(manifest.get("rows"), "rows", low=1)
+    if "id" in manifest:  # written by every writer since it was added; older directories lack it
+        want(manifest["id"], str, "id", "a string")
     specs = want(manifest.get("columns"), list, "columns", "a list of columns")
     if not specs:
         raise Bad("columns", "lists no columns")
@@ -300,7 +327,7 @@ class DiskDataset:
         # Resolved once: a chdir after open() or a process with another working directory
         # (pickling) must read this same directory.
         root = os.path.abspath(os.fspath(path))
-        manifest, columns, rows, total, self._directory = _load(root)
+        manifest, columns, rows, total, self._directory, self._digest = _load(root)
         self.path = root
         self.manifest = manifest
         self._disk_columns = columns
@@ -429,17 +456,17 @@ class DiskDataset:
             more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
             what = describe_change(f.identity, now)
             if now[0] != -1 and now[3] < f.identity[3]:
-                what = (f"it is {int(now[3])} bytes on disk, the manifest expects {f.identity[3]}: truncated since "
+                what = (f"is {int(now[3])} bytes on disk, the manifest expects {f.identity[3]}: truncated since "
                         "the dataset was opened (reading it would kill the process with SIGBUS)")
             raise DatasetError(f"{f.path}: the shard {what}{more}; open the dataset again and build a new Loader")
 
     def __reduce__(self) -> tuple:
         return _reopen, (self.path, self._pad, self._max_length, self._rows, list(self._shard_sizes),
-                         self._declared())
+                         self._declared(), self._digest)
 
     def __deepcopy__(self, memo: dict) -> "DiskDataset":
         return _reopen(self.path, copy.deepcopy(self._pad, memo), copy.deepcopy(self._max_length, memo), self._rows,
-                       list(self._shard_sizes), self._declared())
+                       list(self._shard_sizes), self._declared(), self._digest)
 
     def __copy__(self) -> "DiskDataset":
         new = object.__new__(type(self))
@@ -474,10 +501,15 @@ class DiskDataset:
 
 
 def _reopen(path: str, pad: Any, max_length: Any, rows: int, shard_sizes: list[int],
-            declared: list[int] | None = None) -> DiskDataset:
+            declared: list[int] | None = None, digest: str | None = None) -> DiskDataset:
     """An unpickled or deep-copied dataset directory: opened again by path, and refused if the
-    directory no longer holds the same shards."""
+    directory is no longer the dataset pickled. Its manifest tells (the checksum of every file, and
+    the id each write records): a rewrite with the same shapes would otherwise be read as the old
+    dataset, and a copy of the directory elsewhere (another machine) is still recognised."""
     ds = DiskDataset(path, pad=pad, max_length=max_length)
+    if digest is not None and ds._digest != digest:
+        raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied (it "
+                           "was rewritten: its manifest.json differs); open it again")
     if len(ds) != rows or ds._shard_sizes != shard_sizes:
         raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied "
                            f"({rows} rows in {len(shard_sizes)} shards then, {len(ds)} in {ds.num_shards} now)")

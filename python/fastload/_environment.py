@@ -97,8 +97,8 @@ def default_num_threads() -> int:
 
 
 def resolve_device(device: Any) -> torch.device:
-    """Parses a device without touching the CUDA driver: "cuda" keeps no index until the first
-    iter() (see cuda_index), so building a Loader never initialises CUDA."""
+    """Parses a device, with the GPU index resolved now and without initialising CUDA (see
+    default_cuda_index): a Loader's `device` is the device its batches will be on."""
     if device is None:
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -113,15 +113,27 @@ def resolve_device(device: Any) -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}") from None
     if dev.type == "cuda":
-        return dev
+        return dev if dev.index is not None else torch.device("cuda", default_cuda_index())
     if dev.type != "cpu":
         raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
     return torch.device("cpu")  # "cpu:0" is the same place
 
 
-def cuda_index(device: torch.device) -> int:
-    """The GPU index of a CUDA device, resolved at the first iter(): "cuda" means PyTorch's
-    current device (0 when PyTorch sees no GPU, as with the tests' stand-in driver)."""
-    if device.index is not None:
-        return device.index
-    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+def default_cuda_index() -> int:
+    """The index "cuda" stands for, decided when the Loader is built, without initialising CUDA
+    (torch.cuda.current_device() would, and a process that forks workers afterwards could no
+    longer use CUDA in them):
+    - CUDA already initialised in this process (torch.cuda.set_device() does that): PyTorch's
+      current device, as for any "cuda" tensor made now;
+    - else LOCAL_RANK when it names a visible GPU: under torchrun each process's GPU, the one its
+      torch.cuda.set_device(LOCAL_RANK) will select (device=None picks it too);
+    - else 0, PyTorch's current device until something selects another (also when PyTorch sees no
+      GPU, as with the tests' stand-in driver: the first iter() then checks the index)."""
+    if not torch.cuda.is_available():
+        return 0
+    if torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is not None and 0 <= local_rank < torch.cuda.device_count():
+        return local_rank
+    return 0

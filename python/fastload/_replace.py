@@ -168,6 +168,9 @@ def publish(tmp: str, path: str, overwrite: bool, fsync: bool) -> None:
             try:
                 rename2(tmp, path, _RENAME_EXCHANGE)
                 swapped_out = tmp  # now holds the old dataset
+                if not is_dataset(tmp):  # something else took its place after the check: put it back
+                    rename2(tmp, path, _RENAME_EXCHANGE)
+                    _refuse(path)
                 break
             except FileNotFoundError:
                 continue  # deleted meanwhile: place ours as a first write
@@ -201,9 +204,19 @@ def _two_renames(tmp: str, path: str) -> str:
     comes before the second rename), the new one in."""
     old = tmp + _OLD
     os.rename(path, old)
+    if not is_dataset(old):  # something else took its place after the check: put it back
+        os.rename(old, path)
+        _refuse(path)
     try:
         os.rename(tmp, path)
     except OSError:
         os.rename(old, path)
         raise
     return old
+
+
+def _refuse(path: str) -> None:
+    """Raises check_replaceable's ValueError for what is at `path` now (not a dataset)."""
+    check_replaceable(path)
+    raise ValueError(f"refusing to replace {path}: it was replaced by something that is not a fastload dataset "
+                     "while the new dataset was being put in place")

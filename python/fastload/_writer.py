@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
@@ -164,10 +165,26 @@ class _Syncer:
         self._pool.shutdown(wait=True)
 
 
+def _directories(names: list[str]) -> list[str]:
+    """A directory per column: its name where that is a plain file name, else column<k>; never the
+    manifest's name, and never two that differ only in case (one directory on a case-insensitive
+    filesystem)."""
+    used = {MANIFEST.casefold()}
+    out = []
+    for k, name in enumerate(names):
+        base = name if _SAFE.match(name) and name not in (".", "..") else f"column{k}"
+        d, n = base, 1
+        while d.casefold() in used:
+            d, n = f"{base}-{n}", n + 1
+        used.add(d.casefold())
+        out.append(d)
+    return out
+
+
 class _Column:
-    def __init__(self, name: str, index: int, sample: Any):
+    def __init__(self, name: str, directory: str, sample: Any):
         self.name = name
-        self.dir = name if _SAFE.match(name) and name not in (".", "..") else f"column{index}"
+        self.dir = directory
         ragged = _as_ragged(name, sample)
         self.ragged = ragged is not None
         a = ragged[0] if ragged is not None else _as_numpy(name, sample)
@@ -254,14 +271,12 @@ class DatasetWriter:
             for name in chunk:
                 if not isinstance(name, str) or not name:
                     raise TypeError(f"column names must be non-empty strings, got {name!r}")
-            self._columns = [_Column(name, i, v) for i, (name, v) in enumerate(chunk.items())]
+            dirs = _directories(list(chunk))
+            self._columns = [_Column(name, d, v) for d, (name, v) in zip(dirs, chunk.items())]
             try:  # the rule Dataset and Dataset.open apply: a batch key must mean one thing
                 check_names([c.name for c in self._columns], [c.ragged for c in self._columns])
             except Bad as e:
                 raise ValueError(f"column name {e.message}") from None
-            dirs = [c.dir for c in self._columns]
-            if len(set(dirs)) != len(dirs):
-                raise ValueError(f"column names {list(chunk)} map to the same directory")
             for c in self._columns:
                 os.mkdir(os.path.join(self._tmp, c.dir))
             if self.rows_per_shard is None:
@@ -355,7 +370,8 @@ class DatasetWriter:
                 raise ValueError("nothing was appended: a dataset needs at least one row")
             if self._syncer is not None:
                 self._syncer.drain()  # every shard is on disk before the manifest names it
-            manifest = {"format": FORMAT, "version": VERSION, "rows": self._rows, "checksum":
+            # id: this write, whatever its contents (a pickled Dataset checks it reopens this one).
+            manifest = {"format": FORMAT, "version": VERSION, "id": secrets.token_hex(16), "rows": self._rows, "checksum":
                         CHECKSUM if self._checksum else None, "rows_per_shard": self.rows_per_shard,
                         "columns": [c.describe() for c in self._columns], "shards": self._shards}
             mpath = os.path.join(self._tmp, MANIFEST)

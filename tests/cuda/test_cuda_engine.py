@@ -24,7 +24,14 @@ import torch
 
 pytestmark = pytest.mark.cuda
 
-DEV = torch.device("cuda", 0)
+DEV = torch.device("cuda", 0)  # the loaders' device
+# Where batches and this file's own tensors live: the GPU; the CPU under the stand-in GPU that
+# tests/test_gpu_check.py runs these tests on (tests/gpu_standin: batches come back as CPU tensors).
+TDEV = getattr(torch.cuda, "STANDIN_TENSOR_DEVICE", DEV)
+STANDIN = TDEV != DEV
+# The race check's length: 10,000 batches; the stand-in run may ask for fewer (its reads are
+# synchronous, so length proves nothing there; tests/test_gpu_check.py keeps CI's run short).
+RACE_BATCHES = int(os.environ.get("FASTLOAD_STANDIN_RACE_BATCHES", "10000")) if STANDIN else 10_000
 TIMEOUT = 120
 
 
@@ -97,7 +104,7 @@ def device_plans(loader: Any, epochs: int) -> torch.Tensor:
     """(epochs, ids per epoch) int64 on the GPU: what each epoch's batches must hold, from the
     sampler's plan (independent of everything the loader's engine does)."""
     plans = np.stack([loader.plan(e) for e in range(epochs)])
-    return torch.from_numpy(plans).to(DEV)
+    return torch.from_numpy(plans).to(TDEV)
 
 
 # ----------------------------------------------------------------------------- values
@@ -148,7 +155,7 @@ def test_values_equal_numpy_for_every_dtype(rng, device, streams, shuffle):
         assert set(batch) == set(cols) | {"index"}
         for name, source in cols.items():
             t = batch[name]
-            assert t.device == DEV, f"{name} is on {t.device}"
+            assert t.device == TDEV, f"{name} is on {t.device}"
             assert t.dtype == _torch_dtype(source), f"{name}: {t.dtype}"
             assert tuple(t.shape) == (len(idx),) + tuple(source.shape[1:]), f"{name}: shape {tuple(t.shape)}"
             reference = source[torch.from_numpy(idx)] if isinstance(source, torch.Tensor) else source[idx]
@@ -170,7 +177,7 @@ def test_memmap_and_windows_sources(tmp_path, rng):
         count = 0
         for batch in loader:
             t = batch["tokens"]
-            assert t.device == DEV and t.dtype == torch.uint16 and t.shape[1] == length
+            assert t.device == TDEV and t.dtype == torch.uint16 and t.shape[1] == length
             starts = batch["index"].cpu().numpy() * stride
             reference = np.asarray(source)[starts[:, None] + np.arange(length)]
             assert_rows_equal(t, reference, f"windows {length}/{stride}")
@@ -196,7 +203,7 @@ def test_default_device_is_the_gpu(monkeypatch):
     loader = fl().Loader(fl().Dataset({"x": x}), batch_size=10)
     assert loader.device == DEV
     got = torch.cat([b["x"] for b in loader])
-    assert got.device == DEV
+    assert got.device == TDEV
     assert np.array_equal(got.cpu().numpy(), x)
     loader.close()
 
@@ -212,7 +219,7 @@ def test_no_consumer_side_race_over_10000_batches(mode):
     loader must not reuse its device memory until the release event on the consumer stream
     completed. eager: no extra work and 1 MiB batches, so checks run as soon as they are queued,
     can run before the batch's copy finished: the consumer stream must wait on the copy event."""
-    total = 10_000
+    total = RACE_BATCHES
     n = 16_384
     b = 64 if mode == "busy" else 256
     loader = fl().Loader(fl().Dataset(id_columns(n)), batch_size=b, shuffle=True, seed=123, drop_last=True,
@@ -221,7 +228,7 @@ def test_no_consumer_side_race_over_10000_batches(mode):
     epochs = -(-total // per_epoch)
     plans = device_plans(loader, epochs)
     busy_short, busy_long = (sleep_cycles(0.15), sleep_cycles(5.0)) if mode == "busy" else (0, 0)
-    wrong = torch.zeros((), dtype=torch.int64, device=DEV)
+    wrong = torch.zeros((), dtype=torch.int64, device=TDEV)
     done = 0
     t0 = time.perf_counter()
     for epoch in range(epochs):
@@ -255,10 +262,10 @@ def test_batch_consumed_on_a_non_default_stream():
     default = torch.cuda.current_stream(DEV)
     s = torch.cuda.Stream(device=DEV)
     s.wait_stream(default)  # plans were uploaded on the default stream
-    wrong = torch.zeros((), dtype=torch.int64, device=DEV)
+    wrong = torch.zeros((), dtype=torch.int64, device=TDEV)
     torch.cuda._sleep(sleep_cycles(20.0))  # the default stream is busy: s must not depend on it
     with torch.cuda.stream(s):
-        wrong_s = torch.zeros((), dtype=torch.int64, device=DEV)
+        wrong_s = torch.zeros((), dtype=torch.int64, device=TDEV)
         for i, batch in enumerate(loader):
             assert torch.cuda.current_stream(DEV) == s
             if i % 4 == 0:
@@ -297,7 +304,7 @@ def test_held_batches_stay_intact_over_later_epochs(rng):
         labels.append(batch["y"])
         labels_copy.append((batch["index"].cpu().numpy(), batch["y"].cpu()))
     assert len(labels) == len(loader)
-    busy, acc = sleep_cycles(0.3), torch.zeros((), device=DEV)
+    busy, acc = sleep_cycles(0.3), torch.zeros((), device=TDEV)
     for _ in range(3):  # later epochs reuse the loader's memory for everything not held
         for batch in loader:
             torch.cuda._sleep(busy)
@@ -342,7 +349,7 @@ def test_split_two_engines_on_one_device_from_two_threads(rng):
             out = []
             with torch.cuda.stream(stream):
                 for batch in iters[d]:
-                    assert batch["x"].device == DEV and batch["index"].device == DEV
+                    assert batch["x"].device == TDEV and batch["index"].device == TDEV
                     torch.cuda._sleep(busy)
                     out.append((batch["index"].cpu().numpy(), host_bytes(batch["x"])))
             results[d] = out
@@ -389,7 +396,7 @@ def test_loader_held_device_memory_is_bounded():
     # Pinned: the window plus copies whose slot still waits for its copy event (streams + 1), and
     # one spare (the README's bound).
     pinned_bound = (prefetch + 2 + 2) * batch_bytes + slack
-    acc = torch.zeros((), device=DEV)
+    acc = torch.zeros((), device=TDEV)
     keys = {"device_bytes", "pinned_bytes", "host_bytes", "device_buffers", "pinned_buffers"}
     peaks: list[dict[str, int]] = []
     steps = 0
@@ -413,12 +420,15 @@ def test_loader_held_device_memory_is_bounded():
     assert acc.item() == epochs * n  # every row of every batch was read on the device
     assert peaks[0]["device_bytes"] >= batch_bytes, "device_bytes does not count the loader's device buffers"
     # A leak of even one batch's buffers per epoch adds 7 batches between the first three and the
-    # last three epochs; timing may add one set of buffers once.
+    # last three epochs. Timing may grow a pool by a few batches, once: a pinned slot whose copy
+    # event has not completed yet when a collation thread needs one makes the pool grow rather
+    # than wait (seen: +2 batches of pinned slots at epoch 4 of 10 on a loaded host), within the
+    # per-step bounds checked above.
     for k, per_batch in (("device_bytes", batch_bytes), ("pinned_bytes", batch_bytes),
                          ("device_buffers", columns), ("pinned_buffers", columns)):
         early = max(p[k] for p in peaks[:3])
         late = max(p[k] for p in peaks[-3:])
-        assert late <= early + per_batch, f"{k} grew across epochs: {[p[k] for p in peaks]}"
+        assert late <= early + 3 * per_batch, f"{k} grew across epochs: {[p[k] for p in peaks]}"
     loader.close()
 
 
