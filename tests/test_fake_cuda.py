@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from ctypes import POINTER, byref, c_char, c_char_p, c_int, c_longlong, c_size_t, c_uint, c_ulonglong, c_void_p
+from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int, c_longlong, c_size_t, c_uint, c_ulonglong, c_void_p
 
 import pytest
 
@@ -35,7 +35,15 @@ INVALID_HANDLE = 400
 NOT_FOUND = 500
 NOT_READY = 600
 ILLEGAL_ADDRESS = 700
+HOST_MEMORY_ALREADY_REGISTERED = 712
+HOST_MEMORY_NOT_REGISTERED = 713
 LAUNCH_FAILED = 719
+CAPTURE_UNSUPPORTED = 900
+CAPTURE_INVALIDATED = 901
+ILLEGAL_STATE = 401
+
+CAPTURE_GLOBAL, CAPTURE_THREAD_LOCAL, CAPTURE_RELAXED = 0, 1, 2
+STREAM_LEGACY, STREAM_PER_THREAD = 0x1, 0x2
 
 NON_BLOCKING = 0x1
 HOSTALLOC_PORTABLE = 0x1
@@ -65,14 +73,21 @@ SIGNATURES = {
     "cuEventQuery": ctypes.CFUNCTYPE(_R, c_void_p),
     "cuEventSynchronize": ctypes.CFUNCTYPE(_R, c_void_p),
     "cuEventDestroy": ctypes.CFUNCTYPE(_R, c_void_p),
+    "cuEventElapsedTime": ctypes.CFUNCTYPE(_R, POINTER(c_float), c_void_p, c_void_p),
     "cuMemAlloc": ctypes.CFUNCTYPE(_R, POINTER(c_ulonglong), c_size_t),
     "cuMemFree": ctypes.CFUNCTYPE(_R, c_ulonglong),
     "cuMemHostAlloc": ctypes.CFUNCTYPE(_R, POINTER(c_void_p), c_size_t, c_uint),
     "cuMemFreeHost": ctypes.CFUNCTYPE(_R, c_void_p),
+    "cuMemHostRegister": ctypes.CFUNCTYPE(_R, c_void_p, c_size_t, c_uint),
+    "cuMemHostUnregister": ctypes.CFUNCTYPE(_R, c_void_p),
     "cuMemcpyHtoDAsync": ctypes.CFUNCTYPE(_R, c_ulonglong, c_void_p, c_size_t, c_void_p),
     "cuMemcpyDtoHAsync": ctypes.CFUNCTYPE(_R, c_void_p, c_ulonglong, c_size_t, c_void_p),
     "cuMemcpyDtoH": ctypes.CFUNCTYPE(_R, c_void_p, c_ulonglong, c_size_t),
     "cuMemGetInfo": ctypes.CFUNCTYPE(_R, POINTER(c_size_t), POINTER(c_size_t)),
+    "cuThreadExchangeStreamCaptureMode": ctypes.CFUNCTYPE(_R, POINTER(c_int)),
+    "cuStreamBeginCapture": ctypes.CFUNCTYPE(_R, c_void_p, c_int),
+    "cuStreamEndCapture": ctypes.CFUNCTYPE(_R, c_void_p, POINTER(c_void_p)),
+    "cuStreamIsCapturing": ctypes.CFUNCTYPE(_R, c_void_p, POINTER(c_int)),
 }
 
 # Every configuration key at its documented default, restored before each test.
@@ -85,7 +100,11 @@ DEFAULTS = {
     "fail_alloc_after": -1,
     "fail_copy_after": -1,
     "fail_event_sync_after": -1,
+    "fail_event_record_after": -1,
+    "fail_event_record_on": 0,
     "total_memory": 16 << 30,
+    "other_allocator_bytes": 0,
+    "driver_version": 12040,
     "paused": 0,
 }
 
@@ -111,6 +130,15 @@ class FakeCuda:
         lib.fake_cuda_configure.restype = c_int
         lib.fake_cuda_stat.argtypes = [c_char_p]
         lib.fake_cuda_stat.restype = c_longlong
+        for name in ("fake_cuda_calls", "fake_cuda_thread_calls"):
+            getattr(lib, name).argtypes = [c_char_p]
+            getattr(lib, name).restype = c_longlong
+        lib.fake_cuda_stream_sleep.argtypes = [c_void_p, c_longlong]
+        lib.fake_cuda_stream_sleep.restype = c_int
+        lib.fake_cuda_fault.argtypes = [c_void_p, c_int]
+        lib.fake_cuda_fault.restype = c_int
+        lib.fake_cuda_clear_fault.argtypes = [c_int]
+        lib.fake_cuda_clear_fault.restype = c_int
         for name, prototype in SIGNATURES.items():
             setattr(self, name, prototype(self.proc(name)))
 
@@ -138,6 +166,21 @@ class FakeCuda:
 
     def reset_misuses(self) -> None:
         self.lib.fake_cuda_reset_misuses()
+
+    def calls(self, name: str) -> int:
+        return self.lib.fake_cuda_calls(name.encode())
+
+    def thread_calls(self, name: str) -> int:
+        return self.lib.fake_cuda_thread_calls(name.encode())
+
+    def sleep(self, stream: int, us: int) -> None:
+        self.ok(self.lib.fake_cuda_stream_sleep(stream, us), "fake_cuda_stream_sleep")
+
+    def capture_mode(self, mode: int) -> int:
+        """Sets this thread's capture mode; returns the previous one."""
+        m = c_int(mode)
+        self.ok(self.cuThreadExchangeStreamCaptureMode(byref(m)), "cuThreadExchangeStreamCaptureMode")
+        return m.value
 
     # -- shorthands
     def ok(self, rc: int, what: str = "call") -> None:
@@ -225,6 +268,8 @@ def cuda(driver: FakeCuda):
     driver.ok(driver.cuCtxSetCurrent(driver.contexts[0]))
     yield driver
     driver.configure("paused", 0)  # never leave the workers of later tests stopped
+    for device in (0, 1):
+        driver.lib.fake_cuda_clear_fault(device)
 
 
 @pytest.fixture
@@ -608,16 +653,32 @@ def test_copy_and_event_failures(cuda: FakeCuda):
     src, dst = cuda.host_alloc(size), cuda.device_alloc(size)
     assert cuda.configure("fail_copy_after", 1) == 0
     cuda.ok(cuda.cuMemcpyHtoDAsync(dst, src, size, s))
-    assert cuda.cuMemcpyHtoDAsync(dst, src, size, s) == LAUNCH_FAILED
+    assert cuda.cuMemcpyHtoDAsync(dst, src, size, s) == 999  # CUDA_ERROR_UNKNOWN, not sticky
     cuda.ok(cuda.cuMemcpyHtoDAsync(dst, src, size, s))
 
+    assert cuda.configure("fail_event_record_after", 0) == 0
+    e = cuda.event()
+    assert cuda.cuEventRecord(e, s) == OUT_OF_MEMORY  # once, and not sticky
+    cuda.ok(cuda.cuEventRecord(e, s))
+    assert cuda.configure("fail_event_record_on", s) == 0  # every record on that stream
+    assert cuda.cuEventRecord(e, s) == OUT_OF_MEMORY
+    cuda.ok(cuda.cuEventRecord(e, 0))
+    assert cuda.configure("fail_event_record_on", 0) == 0
+    cuda.ok(cuda.cuEventRecord(e, s))
+
+    # An injected illegal address stands for a kernel that faulted: the error is sticky.
     assert cuda.configure("fail_event_sync_after", 1) == 0
-    e = cuda.recorded(s)
     cuda.ok(cuda.cuEventSynchronize(e))
     assert cuda.cuEventSynchronize(e) == ILLEGAL_ADDRESS
-    cuda.ok(cuda.cuEventQuery(e))
-    assert cuda.configure("fail_event_sync_after", 0) == 0
     assert cuda.cuEventQuery(e) == ILLEGAL_ADDRESS
+    assert cuda.cuStreamSynchronize(s) == ILLEGAL_ADDRESS
+    assert cuda.cuMemcpyHtoDAsync(dst, src, size, s) == ILLEGAL_ADDRESS
+    assert cuda.cuMemAlloc(byref(c_ulonglong()), 256) == ILLEGAL_ADDRESS
+    assert run_in_thread(lambda: cuda.cuEventQuery(e)) == ILLEGAL_ADDRESS  # any thread, by handle
+    cuda.ok(cuda.cuCtxSetCurrent(cuda.contexts[1]))  # the other device's context is fine
+    cuda.ok(cuda.cuEventDestroy(cuda.event()))
+    cuda.ok(cuda.cuCtxSetCurrent(cuda.contexts[0]))
+    assert cuda.lib.fake_cuda_clear_fault(0) == 0
     cuda.ok(cuda.cuStreamSynchronize(s))
     cuda.ok(cuda.cuEventDestroy(e))
     cuda.ok(cuda.cuMemFree(dst))
@@ -625,6 +686,258 @@ def test_copy_and_event_failures(cuda: FakeCuda):
     cuda.ok(cuda.cuStreamDestroy(s))
     assert cuda.stat("copies") > 0
     assert cuda.misuses() == []
+
+
+# ---- Driver behaviour a transfer engine meets on a real GPU, modelled
+
+
+def test_a_faulting_kernel_makes_the_error_sticky(cuda: FakeCuda):
+    s = cuda.stream()
+    before = cuda.recorded(s)
+    assert cuda.configure("paused", 1) == 0
+    assert cuda.lib.fake_cuda_fault(s, ILLEGAL_ADDRESS) == SUCCESS
+    after = cuda.recorded(s)
+    cuda.ok(cuda.cuEventQuery(before))  # nothing has faulted yet
+    assert cuda.cuEventQuery(after) == NOT_READY
+    assert cuda.configure("paused", 0) == 0
+    assert cuda.cuEventSynchronize(after) == ILLEGAL_ADDRESS
+    for rc in (cuda.cuEventQuery(before), cuda.cuStreamSynchronize(s), cuda.cuEventRecord(before, s),
+               cuda.cuEventDestroy(before), cuda.cuStreamQuery(0), cuda.cuMemAlloc(byref(c_ulonglong()), 64)):
+        assert rc == ILLEGAL_ADDRESS
+    assert cuda.lib.fake_cuda_clear_fault(0) == 0
+    cuda.ok(cuda.cuStreamSynchronize(s))
+    for e in (before, after):
+        cuda.ok(cuda.cuEventDestroy(e))
+    cuda.ok(cuda.cuStreamDestroy(s))
+    assert cuda.misuses() == []
+
+
+def test_global_capture_refuses_unsafe_calls_from_other_threads(cuda: FakeCuda):
+    s, other = cuda.stream(), cuda.stream()
+    e = cuda.recorded(other)
+    src, dst = cuda.host_alloc(256), cuda.device_alloc(256)
+
+    def elsewhere(mode: int | None):
+        cuda.ok(cuda.cuCtxSetCurrent(cuda.contexts[0]))
+        if mode is not None:
+            cuda.capture_mode(mode)
+        # Safe calls: enqueueing on a stream that is not in capture.
+        safe = [cuda.cuMemcpyHtoDAsync(dst, src, 256, other), cuda.cuEventRecord(e, other),
+                cuda.cuStreamWaitEvent(other, e, 0)]
+        query = cuda.cuEventQuery(e)
+        p = c_ulonglong()
+        alloc = cuda.cuMemAlloc(byref(p), 256)
+        if alloc == SUCCESS:
+            cuda.ok(cuda.cuMemFree(p.value))
+        return safe, SUCCESS if query == NOT_READY else query, alloc
+
+    def capture(mode: int, thread_mode: int | None) -> tuple[tuple, int]:
+        cuda.ok(cuda.cuStreamBeginCapture(s, mode))
+        status = c_int()
+        cuda.ok(cuda.cuStreamIsCapturing(s, byref(status)))
+        assert status.value == 1
+        got = run_in_thread(elsewhere, thread_mode)
+        graph = c_void_p()
+        return got, cuda.cuStreamEndCapture(s, byref(graph))
+
+    # A global-mode capture and a thread in the default (global) mode: refused, capture broken.
+    (safe, query, alloc), end = capture(CAPTURE_GLOBAL, None)
+    assert safe == [SUCCESS] * 3 and (query, alloc) == (CAPTURE_UNSUPPORTED, CAPTURE_UNSUPPORTED)
+    assert end == CAPTURE_INVALIDATED
+    found = cuda.misuses()
+    assert len(found) == 2 and all("during a stream capture" in m for m in found), found
+    cuda.reset_misuses()
+    # The same thread in relaxed (or thread-local) mode disturbs nothing.
+    for thread_mode in (CAPTURE_RELAXED, CAPTURE_THREAD_LOCAL):
+        (safe, query, alloc), end = capture(CAPTURE_GLOBAL, thread_mode)
+        assert (query, alloc, end) == (SUCCESS, SUCCESS, SUCCESS), thread_mode
+    # Thread-local and relaxed captures ignore other threads.
+    for mode in (CAPTURE_THREAD_LOCAL, CAPTURE_RELAXED):
+        (safe, query, alloc), end = capture(mode, None)
+        assert (query, alloc, end) == (SUCCESS, SUCCESS, SUCCESS), mode
+    # The capturing thread itself: refused unless relaxed.
+    cuda.ok(cuda.cuStreamBeginCapture(s, CAPTURE_THREAD_LOCAL))
+    assert cuda.cuEventQuery(e) == CAPTURE_UNSUPPORTED
+    assert cuda.cuStreamEndCapture(s, byref(c_void_p())) == CAPTURE_INVALIDATED
+    assert_one_misuse(cuda, "during a stream capture")
+    cuda.ok(cuda.cuStreamBeginCapture(s, CAPTURE_GLOBAL))
+    previous = cuda.capture_mode(CAPTURE_RELAXED)
+    assert cuda.cuEventQuery(e) in (SUCCESS, NOT_READY)
+    assert cuda.capture_mode(previous) == CAPTURE_RELAXED
+    graph = c_void_p()
+    cuda.ok(cuda.cuStreamEndCapture(s, byref(graph)))
+    assert graph.value
+    assert cuda.cuStreamBeginCapture(0, CAPTURE_GLOBAL) == CAPTURE_UNSUPPORTED  # not the legacy stream
+    assert cuda.cuStreamEndCapture(s, byref(graph)) == ILLEGAL_STATE
+    cuda.ok(cuda.cuStreamSynchronize(other))
+    cuda.ok(cuda.cuMemFree(dst))
+    cuda.ok(cuda.cuMemFreeHost(src))
+    assert cuda.misuses() == []
+
+
+def test_entry_points_need_a_recent_enough_version(driver: FakeCuda, fresh: FakeCuda):
+    lib = driver.lib
+    for version, rc, status in ((10000, NOT_FOUND, 2), (10010, SUCCESS, 0), (12000, SUCCESS, 0)):
+        pfn, st = c_void_p(), c_int(-1)
+        assert lib.cuGetProcAddress_v2(b"cuThreadExchangeStreamCaptureMode", byref(pfn), version, 0, byref(st)) == rc
+        assert st.value == status and bool(pfn.value) == (rc == SUCCESS), version
+    # An older driver lacks what later CUDA versions added, whatever version is asked for.
+    assert fresh.configure("driver_version", 10000) == 0
+    pfn, st = c_void_p(), c_int(-1)
+    assert fresh.lib.cuGetProcAddress_v2(b"cuThreadExchangeStreamCaptureMode", byref(pfn), 12000, 0, byref(st)) \
+        == NOT_FOUND
+    assert pfn.value is None and st.value == 1
+    version = c_int()
+    fresh.ok(fresh.cuDriverGetVersion(byref(version)))
+    assert version.value == 10000
+
+
+def test_legacy_and_per_thread_default_streams(cuda: FakeCuda):
+    blocking, non_blocking = cuda.stream(flags=0), cuda.stream()
+    # The legacy stream waits for blocking streams, not for non-blocking ones.
+    cuda.sleep(non_blocking, 300_000)
+    e = cuda.recorded(STREAM_LEGACY)
+    assert cuda.cuEventQuery(e) == SUCCESS
+    cuda.sleep(blocking, 50_000)
+    cuda.ok(cuda.cuEventRecord(e, 0))
+    assert cuda.cuEventQuery(e) == NOT_READY
+    cuda.ok(cuda.cuEventSynchronize(e))
+    assert cuda.cuStreamQuery(blocking) == SUCCESS
+    # ... and blocking streams wait for the legacy stream.
+    cuda.sleep(0, 50_000)
+    cuda.ok(cuda.cuEventRecord(e, blocking))
+    assert cuda.cuEventQuery(e) == NOT_READY
+    cuda.ok(cuda.cuEventSynchronize(e))
+
+    # CU_STREAM_PER_THREAD names a different stream on every thread; each is blocking.
+    cuda.sleep(STREAM_PER_THREAD, 50_000)
+    mine = cuda.recorded(STREAM_PER_THREAD)
+
+    def other_thread():
+        cuda.ok(cuda.cuCtxSetCurrent(cuda.contexts[0]))
+        theirs = cuda.recorded(STREAM_PER_THREAD)
+        on_legacy = cuda.recorded(STREAM_LEGACY)
+        return cuda.cuEventQuery(theirs), cuda.cuEventQuery(on_legacy), on_legacy
+
+    theirs, legacy, on_legacy = run_in_thread(other_thread)
+    assert theirs == SUCCESS  # not behind this thread's sleep
+    assert legacy == NOT_READY and cuda.cuEventQuery(mine) == NOT_READY  # the legacy stream is
+    cuda.ok(cuda.cuEventSynchronize(on_legacy))
+    cuda.ok(cuda.cuEventQuery(mine))
+    cuda.ok(cuda.cuStreamSynchronize(non_blocking))
+    for s in (blocking, non_blocking):
+        cuda.ok(cuda.cuStreamDestroy(s))
+    assert cuda.misuses() == []
+
+
+def test_a_release_on_another_threads_per_thread_stream_protects_nothing(cuda: FakeCuda):
+    # A batch read on thread A's per-thread stream and released from thread B: only an event on
+    # the legacy stream (which waits for every blocking stream) orders the next write after the read.
+    size = 4096
+    producer = cuda.stream()
+    src, out, dst = cuda.host_alloc(size), cuda.host_alloc(size), cuda.device_alloc(size)
+
+    def read_on_my_per_thread_stream():
+        cuda.ok(cuda.cuMemcpyHtoDAsync(dst, src, size, producer))
+        cuda.ok(cuda.cuStreamWaitEvent(STREAM_PER_THREAD, cuda.recorded(producer), 0))
+        cuda.sleep(STREAM_PER_THREAD, 20_000)
+        cuda.ok(cuda.cuMemcpyDtoHAsync(out, dst, size, STREAM_PER_THREAD))
+
+    for release_on, caught in ((STREAM_PER_THREAD, True), (STREAM_LEGACY, False)):
+        t = threading.Thread(target=lambda: (cuda.ok(cuda.cuCtxSetCurrent(cuda.contexts[0])),
+                                             read_on_my_per_thread_stream()))
+        t.start()
+        t.join()
+        released = cuda.recorded(release_on)  # this thread: not the reader's
+        cuda.ok(cuda.cuStreamWaitEvent(producer, released, 0))
+        cuda.ok(cuda.cuMemcpyHtoDAsync(dst, src, size, producer))
+        if caught:
+            assert_one_misuse(cuda, "overwritten before the release event")
+        else:
+            assert cuda.misuses() == []
+        cuda.ok(cuda.cuCtxSynchronize())
+    cuda.ok(cuda.cuMemFree(dst))
+    for p in (src, out):
+        cuda.ok(cuda.cuMemFreeHost(p))
+    cuda.ok(cuda.cuStreamDestroy(producer))
+
+
+def test_timing_events_measure_the_time_between_them(cuda: FakeCuda):
+    s = cuda.stream()
+    start, end, untimed = cuda.event(flags=0), cuda.event(flags=0), cuda.event()
+    ms = c_float()
+    assert cuda.cuEventElapsedTime(byref(ms), start, end) == INVALID_HANDLE  # not recorded
+    cuda.ok(cuda.cuEventRecord(start, s))
+    cuda.sleep(s, 30_000)
+    cuda.ok(cuda.cuEventRecord(end, s))
+    cuda.ok(cuda.cuEventRecord(untimed, s))
+    assert cuda.cuEventElapsedTime(byref(ms), start, end) == NOT_READY
+    cuda.ok(cuda.cuEventSynchronize(end))
+    cuda.ok(cuda.cuEventElapsedTime(byref(ms), start, end))
+    assert 30 <= ms.value < 1000, ms.value
+    assert cuda.cuEventElapsedTime(byref(ms), start, untimed) == INVALID_HANDLE
+    cuda.ok(cuda.cuStreamSynchronize(s))
+
+
+def test_registered_host_memory_is_page_locked(cuda: FakeCuda):
+    size = 8192
+    s = cuda.stream()
+    dst = cuda.device_alloc(size)
+    buf = ctypes.create_string_buffer(size)
+    p = ctypes.addressof(buf)
+    assert cuda.cuMemcpyHtoDAsync(dst, p, size, s) == INVALID_VALUE  # pageable
+    assert_one_misuse(cuda, "source not page-locked")
+    before = cuda.stat("registered_bytes")
+    cuda.ok(cuda.cuMemHostRegister(p, size, HOSTALLOC_PORTABLE))
+    assert cuda.stat("registered_bytes") == before + size
+    assert cuda.cuMemHostRegister(p + 16, 16, 0) == HOST_MEMORY_ALREADY_REGISTERED
+    cuda.fill(p, pattern(7, size))
+    cuda.ok(cuda.cuMemcpyHtoDAsync(dst, p, size, s))
+    cuda.ok(cuda.cuMemHostUnregister(p))  # the copy was never waited for
+    assert_one_misuse(cuda, "unregistered while in use by a queued copy")
+    assert cuda.read(dst, size) == pattern(7, size)  # it waited for the copy, as CUDA does
+    assert cuda.cuMemcpyHtoDAsync(dst, p, size, s) == INVALID_VALUE
+    assert_one_misuse(cuda, "source not page-locked")
+    assert cuda.cuMemHostUnregister(p) == HOST_MEMORY_NOT_REGISTERED
+    assert_one_misuse(cuda, "did not page-lock")
+    cuda.ok(cuda.cuMemHostRegister(p, size, 0))  # the same address again
+    assert cuda.cuMemFreeHost(p) == INVALID_VALUE
+    assert_one_misuse(cuda, "of memory from cuMemHostRegister")
+    cuda.ok(cuda.cuMemHostUnregister(p))
+    assert cuda.stat("registered_bytes") == before
+    cuda.ok(cuda.cuMemFree(dst))
+    cuda.ok(cuda.cuStreamDestroy(s))
+
+
+def test_memory_held_by_another_allocator(cuda: FakeCuda):
+    used = cuda.stat("device_bytes")
+    assert cuda.configure("total_memory", used + (1 << 20)) == 0
+    assert cuda.configure("other_allocator_bytes", 768 << 10) == 0
+    free, total = c_size_t(), c_size_t()
+    cuda.ok(cuda.cuMemGetInfo(byref(free), byref(total)))
+    assert free.value == 256 << 10
+    assert cuda.cuMemAlloc(byref(c_ulonglong()), 512 << 10) == OUT_OF_MEMORY
+    assert cuda.configure("other_allocator_bytes", 0) == 0  # the other allocator emptied its cache
+    cuda.ok(cuda.cuMemFree(cuda.device_alloc(512 << 10)))
+
+
+def test_calls_are_counted_per_entry_point_and_thread(cuda: FakeCuda):
+    before = {k: cuda.calls(k) for k in ("cuMemAlloc", "cuMemFree", "cuEventRecord", "implicit_syncs")}
+    mine = cuda.thread_calls("cuMemAlloc")
+
+    def work():
+        cuda.ok(cuda.cuCtxSetCurrent(cuda.contexts[0]))
+        cuda.ok(cuda.cuMemFree(cuda.device_alloc(64)))
+        return cuda.thread_calls("cuMemAlloc")
+
+    assert run_in_thread(work) == 1
+    cuda.ok(cuda.cuEventRecord(cuda.event(), 0))
+    assert cuda.thread_calls("cuMemAlloc") == mine
+    after = {k: cuda.calls(k) for k in before}
+    assert after["cuMemAlloc"] - before["cuMemAlloc"] == 1 and after["cuMemFree"] - before["cuMemFree"] == 1
+    assert after["cuEventRecord"] - before["cuEventRecord"] == 1
+    assert after["implicit_syncs"] - before["implicit_syncs"] == 2  # alloc and free; a record is none
+    assert cuda.calls("cuNoSuchCall") == 0
 
 
 # ---- Misuse detectors, each caught in the act

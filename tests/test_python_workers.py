@@ -249,8 +249,6 @@ def test_a_dataset_that_cannot_be_pickled_is_refused_at_construction():
         fl.Loader(Local(), 1, device="cpu", workers="processes")
     with pytest.raises(ValueError, match="workers='processes' runs a Python dataset"):
         fl.Loader(fl.Dataset({"x": np.zeros(3)}), 1, device="cpu", workers="processes")
-    with pytest.raises(NotImplementedError, match="CUDA device is not built yet"):
-        fl.Loader(Records(), 1, device="cuda", workers="processes")
 
 
 def _run(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -362,3 +360,77 @@ def test_the_payload_is_the_dataset_pickled_once():
     source = fl.PythonSource(Records(n=5))
     dataset, use_getitems, collate, init, leaves, tree, size = pickle.loads(pickle.dumps(source.worker_payload()))
     assert isinstance(dataset, Records) and size == 5 and not use_getitems and collate is None and init is None
+
+
+GPU_WITH_PROCESS_WORKERS = """
+    import ctypes, gc, os, sys, tempfile
+    import numpy as np
+    sys.path.insert(0, ".")
+    from fake_cuda import build
+    os.environ["FASTLOAD_LIBCUDA"] = str(build.build(tempfile.mkdtemp()))
+    import fastload as fl
+    from test_python_workers import Records
+    lib = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
+    lib.fake_cuda_stat.restype = ctypes.c_longlong
+    lib.fake_cuda_misuse_message.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+
+    def misuses():
+        out = []
+        for i in range(lib.fake_cuda_misuse_count()):
+            buf = ctypes.create_string_buffer(512)
+            lib.fake_cuda_misuse_message(i, buf, 512)
+            out.append(buf.value.decode())
+        return out
+
+    if __name__ == "__main__":
+        want = {}  # (epoch, sample) -> x, noise, from thread workers
+        cpu = fl.Loader(Records(n=300), 16, device="cpu", shuffle=True, seed=5, num_workers=2)
+        for epoch in range(2):
+            for b in cpu:
+                for i, x, noise in zip(b["y"].tolist(), b["x"], b["noise"]):
+                    want[epoch, i] = (x.numpy(), noise.numpy())
+        loader = fl.Loader(Records(n=300), 16, device="cuda:0", shuffle=True, seed=5, workers="processes",
+                           num_workers=2, prefetch=3)
+        loader._raw_device_batches = True
+        MISUSE
+        for epoch in range(2):
+            seen = []
+            for b in loader:
+                ids = np.frombuffer(b["y"].read(), np.int64)
+                x = np.frombuffer(b["x"].read(), np.float32).reshape(b["x"].shape)
+                noise = np.frombuffer(b["noise"].read(), np.float64).reshape(b["noise"].shape)
+                for k, i in enumerate(ids):
+                    assert (x[k] == want[epoch, i][0]).all() and (noise[k] == want[epoch, i][1]).all(), i
+                assert b["name"] == [f"r{i}" for i in ids]
+                seen += ids.tolist()
+                registered = lib.fake_cuda_stat(b"registered_bytes")
+            assert sorted(seen) == list(range(300)), epoch
+        mem = loader._memory()
+        print("registered", registered, "pinned", mem["pinned_bytes"], "allocations", lib.fake_cuda_stat(b"pinned_allocations"))
+        loader.close()
+        gc.collect()
+        print("after close", lib.fake_cuda_stat(b"registered_bytes"))
+        print("misuses", len(misuses()), misuses()[:1])
+"""
+
+
+def test_process_workers_feed_the_stand_in_gpu_through_page_locked_shared_memory():
+    # The workers write samples into shared-memory slots; the main process page-locks each slot
+    # once (cuMemHostRegister) and the transfer engine copies straight from it: no cuMemHostAlloc
+    # staging slot, no misuse the stand-in can see (it refuses copies from unregistered memory),
+    # every sample right, and every registration undone before its segment is unmapped.
+    proc = _run(GPU_WITH_PROCESS_WORKERS.replace("MISUSE", ""), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.split()
+    registered, pinned, allocations = int(out[1]), int(out[3]), int(out[5])
+    assert registered > 0 and registered == pinned, proc.stdout  # every slot registered, none allocated
+    assert allocations == 0, proc.stdout
+    assert "after close 0" in proc.stdout and "misuses 0" in proc.stdout, proc.stdout
+
+
+def test_the_stand_in_refuses_copies_from_unregistered_worker_memory():
+    # The deliberate misuse: shared slots never page-locked. The stand-in must see it.
+    proc = _run(GPU_WITH_PROCESS_WORKERS.replace("MISUSE", 'loader._engine._set_misuse("skip_host_register")'),
+                timeout=180)
+    assert proc.returncode != 0 or "misuses 0" not in proc.stdout, proc.stdout
+    assert "source not page-locked" in proc.stderr + proc.stdout, (proc.stdout, proc.stderr[-2000:])

@@ -108,6 +108,17 @@ def test_the_stall_hint_names_the_busiest_stage(collating, copying, knob):
         assert "(3 threads)" in advice
 
 
+@pytest.mark.parametrize("collating, copying", [(0.1, 0.1), (0.95, 0.95)])
+def test_the_stall_hint_names_the_step_when_copies_wait_for_the_gpu(collating, copying):
+    # The copies waited most of the time for the consumer's GPU work to release memory: the
+    # training step is the bottleneck, whatever else was busy, and no loader knob is named.
+    from fastload import _C
+    advice = _C._stall_advice(collating, copying, num_threads=3, streams=2, prefetch=8, releasing=0.9)
+    assert "training step is the bottleneck" in advice and "90%" in advice, advice
+    assert "raise" not in advice
+    assert "raise streams" in _C._stall_advice(0.1, 0.9, num_threads=3, streams=2, prefetch=8, releasing=0.5)
+
+
 def test_stats_repr_is_a_table():
     loader = fl.Loader(fl.Dataset({"x": np.arange(10)}), 5, device="cpu")
     list(loader)

@@ -36,6 +36,13 @@ constexpr std::chrono::milliseconds kSignalCheckInterval{50};
 // A wait ended because the epoch was cancelled.
 struct Cancelled {};
 
+// What a GPU output's parts become. Tests only, besides Tensors: Raw parts are read back through
+// the driver; StandinTensors are DLPack exports of the stand-in driver's "device" memory (host
+// memory) as CPU tensors, so that a CPU build of torch imports them with its own from_dlpack and
+// its deleter runs fastload's release path exactly as for CUDA tensors; only the device type
+// in the DLPack tensor differs.
+enum class DeviceParts { Tensors, Raw, StandinTensors };
+
 // The Python-facing engine: the runtime, plus the source (fastload._C.BatchSource, whose Python
 // objects own the memory the threads read and the dataset they call) and what Python needs to
 // build tensors.
@@ -53,6 +60,7 @@ class PyEngine {
     o.engine.with_source = with_source;
     o.engine.batch_size = batch_size;
     o.streams = streams;
+    o.cache_release = true;  // next() empties torch's cache when a GPU output runs out of memory
     o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
@@ -91,11 +99,11 @@ class PyEngine {
   // The next batch's parts (None at the end) as DLPack capsules, or RawDevicePart with raw=True
   // (tests with the stand-in driver). For a GPU output `stream` is the consumer's stream, made to
   // wait on the batch's copy. `ready`, if given, gets the batches ready when the call began.
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* step, int64_t* ready,
-                  std::shared_ptr<void>* extras) {
+  py::object take(const Run& run, int output, uintptr_t stream, DeviceParts mode, int64_t* rows, int64_t* step,
+                  int64_t* ready, std::shared_ptr<void>* extras) {
     runtime_->check_not_forked();
     if (run.transfers.at(static_cast<size_t>(output)))
-      return take_device(run, output, stream, raw, rows, step, ready, extras);
+      return take_device(run, output, stream, mode, rows, step, ready, extras);
     Batch batch;
     int64_t* ready_at_entry = ready;  // counted by the first attempt only
     const bool more = wait([&](std::chrono::milliseconds timeout) {
@@ -130,6 +138,7 @@ class PyEngine {
     d["device_bytes"] = c.device_bytes;
     d["device_buffers"] = c.device_buffers;
     d["device_allocations"] = c.device_allocations;
+    d["device_retired"] = c.device_retired;
     d["batches_copied"] = c.batches_copied;
     d["num_threads"] = c.num_threads;
     return d;
@@ -147,12 +156,15 @@ class PyEngine {
     d["wall_s"] = std::chrono::duration<double>(RunStats::Clock::now() - r.started).count();
     d["ready_mean"] = r.batches ? static_cast<double>(r.ready_sum) / static_cast<double>(r.batches) : 0.0;
     d["collation"] = stage(run.pipeline->collation_times());
-    py::dict copies;
+    py::dict copies, release_waits;
     for (size_t o = 0; o < run.transfers.size(); ++o)
-      if (run.transfers[o])
-        copies[py::str("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o))] =
-            stage(run.transfers[o]->copy_times());
+      if (run.transfers[o]) {
+        const py::str key("cuda:" + std::to_string(run.transfers[o]->device()) + "#" + std::to_string(o));
+        copies[key] = stage(run.transfers[o]->copy_times());
+        release_waits[key] = static_cast<double>(run.transfers[o]->release_wait_ns()) * 1e-9;
+      }
     d["copy"] = copies;
+    d["release_wait"] = release_waits;
     d["user_s"] = python_ ? static_cast<double>(python_->user_ns()) * 1e-9 : 0.0;
     d["source_samples"] = r.source_rows;
     d["num_threads"] = runtime_->num_threads();
@@ -197,14 +209,16 @@ class PyEngine {
   // in between. False at the end. (A first attempt with the GIL held and no timeout was tried:
   // 8-12% slower on the small-batch benchmarks, as the expired wait still sleeps on the
   // condition variable and makes the workers signal it.)
-  template <typename F>
-  bool wait(F&& step) {
+  // `between(...)`, if given, runs with the GIL after every slice that timed out.
+  template <typename F, typename G = void (*)()>
+  bool wait(F&& step, G between = [] {}) {
     for (;;) {
       const NextStatus status = without_gil([&] { return step(kSignalCheckInterval); });
       if (status == NextStatus::Ok) return true;
       if (status == NextStatus::End) return false;
       if (status == NextStatus::Cancelled) throw Cancelled();
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      between();
       if (python_ && timeout_.count() > 0) {
         const std::string late = python_->overdue(timeout_);
         if (!late.empty()) {
@@ -217,16 +231,26 @@ class PyEngine {
     }
   }
 
-  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* step,
-                         int64_t* ready, std::shared_ptr<void>* extras) {
+  py::object take_device(const Run& run, int output, uintptr_t raw_stream, DeviceParts mode, int64_t* rows,
+                         int64_t* step, int64_t* ready, std::shared_ptr<void>* extras) {
     const auto stream = reinterpret_cast<cuda::api::CUstream>(raw_stream);
     cuda::DeviceBatch batch;
     int64_t* ready_at_entry = ready;
-    const bool more = wait([&](std::chrono::milliseconds timeout) {
-      const NextStatus status = runtime_->next_device(run, output, stream, timeout, &batch, ready_at_entry);
-      ready_at_entry = nullptr;
-      return status;
-    });
+    cuda::TransferEngine& transfer = *run.transfers.at(static_cast<size_t>(output));
+    const bool more = wait(
+        [&](std::chrono::milliseconds timeout) {
+          const NextStatus status = runtime_->next_device(run, output, stream, timeout, &batch, ready_at_entry);
+          ready_at_entry = nullptr;
+          return status;
+        },
+        [&] {
+          // The transfer thread is out of device memory and this loop waits for a batch: as
+          // torch's allocator does before it gives up, empty torch's cache (this thread may
+          // take the GIL; the transfer thread may not).
+          if (!transfer.cache_release_requested()) return;
+          py::module_::import("fastload._gpu_memory").attr("release_cached")(transfer.device());
+          transfer.cache_released();
+        });
     if (!more) return py::none();
     *rows = batch.rows;
     *step = batch.step;
@@ -236,15 +260,16 @@ class PyEngine {
     for (size_t p = 0; p < L.num_parts(); ++p) {
       auto user = std::make_shared<UserDevicePart>(std::move(batch.parts[p]), stream);
       const PartSchema& m = L.parts[p];
-      if (raw) {
+      if (mode == DeviceParts::Raw) {
         std::vector<int64_t> shape{batch.rows};
         shape.insert(shape.end(), m.row_shape.begin(), m.row_shape.end());
         const size_t bytes = L.part_row_bytes[p] * static_cast<size_t>(batch.rows);
         parts.append(py::cast(RawDevicePart{user, bytes, m.dtype, shape}));
       } else {
         void* data = reinterpret_cast<void*>(static_cast<uintptr_t>(user->buffer->ptr()));
-        const int device = user->buffer->device();
-        parts.append(export_tensor(std::move(user), data, 2, device, m.dtype, batch.rows, m.row_shape));
+        const bool cpu = mode == DeviceParts::StandinTensors;
+        const int device = cpu ? 0 : user->buffer->device();
+        parts.append(export_tensor(std::move(user), data, cpu ? 1 : 2, device, m.dtype, batch.rows, m.row_shape));
       }
     }
     return std::move(parts);
@@ -278,10 +303,24 @@ const char* const kSupersededMessage =
 // never lost; the handed-out count that state_dict() reads moves in the same step.
 class Iterator {
  public:
-  Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw)
+  Iterator(py::object owner, py::object engine, std::shared_ptr<Run> run, int output, int device, bool raw,
+           uintptr_t test_stream, bool standin_tensors)
       : owner_(std::move(owner)), engine_(std::move(engine)), run_(std::move(run)), output_(output), device_(device),
-        raw_(raw) {
-    if (device_ >= 0 && !raw_) current_stream_ = py::module_::import("torch.cuda").attr("current_stream");
+        raw_(raw && device >= 0), test_stream_(test_stream) {  // a CPU output's batches are tensors always
+    mode_ = raw_ ? DeviceParts::Raw : standin_tensors ? DeviceParts::StandinTensors : DeviceParts::Tensors;
+    if (device_ >= 0 && mode_ == DeviceParts::Tensors) {
+      // The consumer stream's raw handle, read once per next(). torch.cuda.current_stream(d)
+      // builds a torch.cuda.Stream object each time (Python code, a few µs); torch's own
+      // compiled code (Triton, Inductor) reads the handle with one C call instead. The first
+      // read goes through current_stream, which initialises torch's CUDA state if needed.
+      py::object torch_cuda = py::module_::import("torch.cuda");
+      torch_cuda.attr("current_stream")(device_);
+      py::object torch_c = py::module_::import("torch._C");
+      if (py::hasattr(torch_c, "_cuda_getCurrentRawStream"))
+        raw_stream_ = torch_c.attr("_cuda_getCurrentRawStream");
+      else
+        current_stream_ = torch_cuda.attr("current_stream");
+    }
     if (!raw_) {
       py::object torch_c = py::module_::import("torch._C");
       // The builtin, not torch.from_dlpack: a Python function could run a signal handler.
@@ -303,8 +342,11 @@ class Iterator {
       ++run_->handed[static_cast<size_t>(output_)];
       return batch;
     }
-    uintptr_t stream = 0;
-    if (current_stream_) stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
+    uintptr_t stream = test_stream_;
+    if (raw_stream_)
+      stream = raw_stream_(device_).cast<uintptr_t>();
+    else if (current_stream_)
+      stream = current_stream_(device_).attr("cuda_stream").cast<uintptr_t>();
     const bool counting = engine.counting();
     const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
     int64_t ready = 0;
@@ -312,7 +354,7 @@ class Iterator {
     int64_t rows = 0, step = 0;
     std::shared_ptr<void> extras;
     try {
-      parts = engine.take(*run_, output_, stream, raw_, &rows, &step, counting ? &ready : nullptr, &extras);
+      parts = engine.take(*run_, output_, stream, mode_, &rows, &step, counting ? &ready : nullptr, &extras);
     } catch (const Cancelled&) {
       if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
@@ -372,7 +414,7 @@ class Iterator {
 
   // The garbage collector's view (loader.it = iter(loader) is a cycle through this object).
   int traverse(visitproc visit, void* arg) const {
-    for (const py::object* o : {&owner_, &engine_, &current_stream_, &from_dlpack_, &pending_})
+    for (const py::object* o : {&owner_, &engine_, &current_stream_, &raw_stream_, &from_dlpack_, &pending_})
       Py_VISIT(o->ptr());
     return 0;
   }
@@ -389,7 +431,9 @@ class Iterator {
   int output_;
   int device_;
   bool raw_;
-  py::object current_stream_, from_dlpack_;
+  DeviceParts mode_ = DeviceParts::Tensors;
+  uintptr_t test_stream_;  // the consumer stream of raw device batches (tests)
+  py::object current_stream_, raw_stream_, from_dlpack_;
   py::object pending_ = py::none();  // a batch taken but not handed out (a signal interrupted next())
 };
 
@@ -417,6 +461,11 @@ void register_loader(py::module_& m) {
       std::rethrow_exception(p);
     } catch (const CollationError& e) {
       translate_collation_error(e);
+    } catch (const cuda::OutOfMemory& e) {
+      // torch's own type (a RuntimeError), so code that handles torch's out-of-memory errors
+      // handles the loader's too.
+      py::object oom = py::module_::import("torch").attr("cuda").attr("OutOfMemoryError");
+      PyErr_SetString(oom.ptr(), e.what());
     }
   });
 
@@ -443,7 +492,9 @@ void register_loader(py::module_& m) {
                        "dict[str, torch.Tensor]. On a GPU each batch is ready on the stream that was "
                        "current (torch.cuda.current_stream) when next() was called.",
                        gc_visible<Iterator, /*Clears=*/true>())  // it holds its Loader
-      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool>())
+      .def(py::init<py::object, py::object, std::shared_ptr<Run>, int, int, bool, uintptr_t, bool>(), py::arg("owner"),
+           py::arg("engine"), py::arg("epoch"), py::arg("output"), py::arg("device"), py::arg("raw") = false,
+           py::arg("test_stream") = 0, py::arg("standin_tensors") = false)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &Iterator::next)
       .def("__len__", &Iterator::remaining);
@@ -474,6 +525,15 @@ void register_loader(py::module_& m) {
   m.def("_park_if_exiting", [] {
     if (exit_parking::note_next()) Iterator::park();
   });
+
+  // fastload.record_stream for one part: see cuda::record_stream. The deleter of that part records
+  // a release event on `stream` too.
+  m.def("_record_stream", [](int device, uintptr_t ptr, uintptr_t stream) {
+    return without_gil([&] {
+      return cuda::record_stream(device, static_cast<cuda::api::CUdeviceptr>(ptr),
+                                 reinterpret_cast<cuda::api::CUstream>(stream));
+    });
+  }, py::arg("device"), py::arg("ptr"), py::arg("stream"));
 
   // Loads the CUDA driver (on first use) and returns how many devices it sees; raises
   // RuntimeError saying why when it cannot be used (no driver, the stub library, no device).

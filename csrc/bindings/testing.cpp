@@ -8,6 +8,7 @@
 #include "bindings/register.h"
 #include "core/cpu_cache.h"
 #include "core/gather.h"
+#include "cuda/deferred_free.h"
 #include "runtime/run_stats.h"
 
 namespace py = pybind11;
@@ -19,6 +20,7 @@ cuda::Misuse parse_misuse(const std::string& s) {
   if (s == "skip_consumer_wait") return cuda::Misuse::SkipConsumerWait;
   if (s == "skip_release_wait") return cuda::Misuse::SkipReleaseWait;
   if (s == "early_host_release") return cuda::Misuse::EarlyHostRelease;
+  if (s == "skip_host_register") return cuda::Misuse::SkipHostRegister;
   throw std::invalid_argument("unknown misuse " + s);
 }
 
@@ -31,7 +33,7 @@ void register_testing(py::module_& m) {
       .def_property_readonly("dtype_code", [](const RawDevicePart& p) { return p.dtype.code; })
       .def_property_readonly("dtype_bits", [](const RawDevicePart& p) { return p.dtype.bits; })
       .def("read", &RawDevicePart::read)
-      .def("touch", &RawDevicePart::touch);
+      .def("touch", &RawDevicePart::touch, py::arg("stream") = 0);
 
   // Where batch copies switch to streaming stores (see core/gather.h). Tests lower it to run that
   // copy on small arrays; the benchmark reports it.
@@ -39,10 +41,14 @@ void register_testing(py::module_& m) {
   m.def("_set_streaming_min_part_bytes", &set_streaming_min_part_bytes, py::arg("bytes"));
   m.def("_last_level_cache_bytes", &last_level_cache_bytes);
 
+  // Waits until the frees fastload deferred to its own thread have run (tests that count memory).
+  m.def("_flush_deferred_frees", [] { without_gil([] { cuda::flush_deferred_frees(); }); });
+
   // The stall hint's choice of knob from stage busy shares (see run_stats.h): tests check every
   // branch without having to make a real loop stall for each reason.
   m.def("_stall_advice", &stall_advice, py::arg("collating"), py::arg("copying"), py::arg("num_threads"),
-        py::arg("streams"), py::arg("prefetch"), py::arg("user_share") = -1.0, py::arg("processes") = false);
+        py::arg("streams"), py::arg("prefetch"), py::arg("user_share") = -1.0, py::arg("processes") = false,
+        py::arg("releasing") = 0.0);
 }
 
 }  // namespace fastload

@@ -33,7 +33,7 @@ struct RawDevicePart {
     std::string out(bytes, '\0');
     without_gil([&] {
       const auto& f = cuda::driver();
-      cuda::ScopedContext scope(*part->buffer->release_event().context());
+      cuda::ScopedContext scope(*part->buffer->context());
       if (bytes) {
         cuda::check(f.cuMemcpyDtoHAsync(out.data(), part->buffer->ptr(), bytes, part->stream), "cuMemcpyDtoHAsync");
         cuda::check(f.cuStreamSynchronize(part->stream), "cuStreamSynchronize");
@@ -42,15 +42,17 @@ struct RawDevicePart {
     return pybind11::bytes(out);
   }
 
-  // Queues a read of the part on its stream without waiting, as a kernel of the training step
-  // would. The destination is page-locked scratch memory (a pageable one would make the copy
-  // synchronous) that lives until exit: the read may still be queued when the part dies.
-  void touch() const {
+  // Queues a read of the part on its stream (or on `on`, a side stream) without waiting, as a
+  // kernel of the training step would. The destination is page-locked scratch memory (a pageable
+  // one would make the copy synchronous) that lives until exit: the read may still be queued
+  // when the part dies.
+  void touch(uintptr_t on = 0) const {
+    const auto stream = on ? reinterpret_cast<cuda::api::CUstream>(on) : part->stream;
     static std::mutex mutex;
     static void* scratch = nullptr;
     static size_t scratch_bytes = 0;
     without_gil([&] {
-      cuda::ScopedContext scope(*part->buffer->release_event().context());
+      cuda::ScopedContext scope(*part->buffer->context());
       const auto& f = cuda::driver();
       void* dst;
       {
@@ -61,7 +63,7 @@ struct RawDevicePart {
         }
         dst = scratch;
       }
-      if (bytes) cuda::check(f.cuMemcpyDtoHAsync(dst, part->buffer->ptr(), bytes, part->stream), "cuMemcpyDtoHAsync");
+      if (bytes) cuda::check(f.cuMemcpyDtoHAsync(dst, part->buffer->ptr(), bytes, stream), "cuMemcpyDtoHAsync");
     });
   }
 };

@@ -1,6 +1,7 @@
 // Engine: threads + buffers + the running epoch; see engine.h.
 #include "core/engine.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <unistd.h>
@@ -26,8 +27,10 @@ Engine::Engine(std::shared_ptr<BatchSource> source, const EngineOptions& options
   layout_ = std::make_shared<BatchLayout>(source_->schema(), options.with_index, options.with_valid,
                                           options.batch_size, options.with_source);
   default_allocator_ = std::move(allocator);
+  PoolSet set{default_allocator_, {}};
   for (size_t p = 0; p < layout_->num_parts(); ++p)
-    pools_.push_back(BufferPool::create(layout_->part_bytes(p), options.prefetch + 1, default_allocator_));
+    set.pools.push_back(BufferPool::create(layout_->part_bytes(p), options.prefetch + 1, default_allocator_));
+  sets_.push_back(std::move(set));
   threads_ = std::make_unique<ThreadPool>(options.num_threads);
 }
 
@@ -71,21 +74,46 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   if (!threads_) throw std::runtime_error("this Loader is closed");
   stop_current();
   if (!host_memory) host_memory = default_allocator_;
+  // The pools of each kind of memory the outputs use: kept from the last epoch, or new. Buffers
+  // users still hold keep a dropped pool alive and return to it.
+  std::vector<PoolSet> sets;
+  std::vector<int64_t> outputs_of, natives_of;
+  std::vector<std::vector<std::shared_ptr<BufferPool>>> per_output;
+  for (const OutputSpec& spec : outputs) {
+    const std::shared_ptr<HostAllocator>& memory = spec.memory ? spec.memory : host_memory;
+    size_t k = 0;
+    while (k < sets.size() && sets[k].allocator != memory) ++k;
+    if (k == sets.size()) {
+      auto old = std::find_if(sets_.begin(), sets_.end(), [&](const PoolSet& s) { return s.allocator == memory; });
+      if (old != sets_.end()) {
+        sets.push_back(*old);
+      } else {
+        PoolSet set{memory, {}};
+        for (size_t p = 0; p < layout_->num_parts(); ++p)
+          set.pools.push_back(BufferPool::create(layout_->part_bytes(p), 0, memory));
+        sets.push_back(std::move(set));
+      }
+      outputs_of.push_back(0);
+      natives_of.push_back(0);
+    }
+    ++outputs_of[k];
+    natives_of[k] += spec.native_consumer ? 1 : 0;
+    per_output.push_back(sets[k].pools);
+  }
+  for (PoolSet& old : sets_)
+    if (std::none_of(sets.begin(), sets.end(), [&](const PoolSet& s) { return s.allocator == old.allocator; }))
+      for (auto& pool : old.pools) pool->set_keep(0);  // spares of memory no output uses now go
   // Each output has up to `prefetch` batches in its window, plus the one a Python loop variable
   // still holds while next() hands over the following one; native consumers hold a few more
   // (copies in flight); and one recycled spare. With that many, a training loop that drops each
   // batch never makes the pool allocate after the first batches.
-  const int64_t keep =
-      (options_.prefetch + 1) * static_cast<int64_t>(outputs.size()) + extra_buffers + 1;
-  for (size_t p = 0; p < pools_.size(); ++p) {
-    // Another kind of host memory (pageable <-> page-locked): new pools; buffers still held by
-    // users keep their old pool alive and return to it.
-    if (&pools_[p]->allocator() != host_memory.get())
-      pools_[p] = BufferPool::create(layout_->part_bytes(p), keep, host_memory);
-    pools_[p]->set_keep(keep);
+  for (size_t k = 0; k < sets.size(); ++k) {
+    const int64_t keep = (options_.prefetch + 1) * outputs_of[k] + (natives_of[k] ? extra_buffers : 0) + 1;
+    for (auto& pool : sets[k].pools) pool->set_keep(keep);
   }
-  auto pipeline = std::make_shared<Pipeline>(source_, layout_, std::move(outputs), options_.prefetch, pools_,
-                                             fail_at_step);
+  sets_ = std::move(sets);
+  auto pipeline = std::make_shared<Pipeline>(source_, layout_, std::move(outputs), options_.prefetch,
+                                             std::move(per_output), fail_at_step);
   current_ = pipeline;
   threads_->run([pipeline](int thread) { pipeline->work(thread); });
   return pipeline;
@@ -103,27 +131,46 @@ void Engine::close() {
   if (!threads_) return;
   stop_current();
   threads_.reset();
-  for (auto& pool : pools_) pool->set_keep(0);  // spares go now; buffers users hold return later
+  for (PoolSet& set : sets_)
+    for (auto& pool : set.pools) pool->set_keep(0);  // spares go now; buffers users hold return later
 }
 
-BufferPoolCounts Engine::host_counts() const {
+BufferPoolCounts Engine::host_counts(bool page_locked) const {
   std::lock_guard<std::mutex> lock(mutex_);
   BufferPoolCounts sum;
-  for (const auto& pool : pools_) {
-    const BufferPoolCounts c = pool->counts();
-    sum.allocations += c.allocations;
-    sum.frees += c.frees;
-    sum.free += c.free;
-    sum.with_loader += c.with_loader;
-    sum.with_user += c.with_user;
+  for (const PoolSet& set : sets_) {
+    if (set.allocator->page_locked() != page_locked) continue;
+    for (const auto& pool : set.pools) {
+      const BufferPoolCounts c = pool->counts();
+      sum.allocations += c.allocations;
+      sum.frees += c.frees;
+      sum.free += c.free;
+      sum.with_loader += c.with_loader;
+      sum.with_user += c.with_user;
+    }
   }
   return sum;
 }
 
-size_t Engine::host_bytes() const {
+BufferPoolCounts Engine::host_counts() const {
+  BufferPoolCounts sum = host_counts(false);
+  const BufferPoolCounts locked = host_counts(true);
+  sum.allocations += locked.allocations;
+  sum.frees += locked.frees;
+  sum.free += locked.free;
+  sum.with_loader += locked.with_loader;
+  sum.with_user += locked.with_user;
+  return sum;
+}
+
+size_t Engine::host_bytes() const { return host_bytes(false) + host_bytes(true); }
+
+size_t Engine::host_bytes(bool page_locked) const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
-  for (const auto& pool : pools_) bytes += static_cast<size_t>(pool->counts().live()) * pool->buffer_bytes();
+  for (const PoolSet& set : sets_)
+    if (set.allocator->page_locked() == page_locked)
+      for (const auto& pool : set.pools) bytes += static_cast<size_t>(pool->counts().live()) * pool->buffer_bytes();
   return bytes;
 }
 

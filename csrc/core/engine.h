@@ -34,10 +34,11 @@ class Engine {
          std::shared_ptr<HostAllocator> allocator = make_aligned_allocator());
   ~Engine();  // cancels and joins; in a forked child it leaks instead (see fork_guard.h)
 
-  // Cancels any running epoch, then starts one pipeline over the given outputs. Host buffers
-  // come from `host_memory` when given (page-locked memory for GPU outputs), else from the
-  // engine's allocator; `extra_buffers` are batches a native consumer holds beyond the window
-  // (copies in flight). Returns the new pipeline; the consumer keeps it to read batches.
+  // Cancels any running epoch, then starts one pipeline over the given outputs. An output's host
+  // buffers come from its OutputSpec::memory, else from `host_memory` when given, else from the
+  // engine's allocator; each kind of memory has its own pools. `extra_buffers` are batches a
+  // native consumer holds beyond the window (copies in flight). Returns the new pipeline; the
+  // consumer keeps it to read batches.
   std::shared_ptr<Pipeline> start(std::vector<OutputSpec> outputs, int64_t fail_at_step = -1,
                                   std::shared_ptr<HostAllocator> host_memory = nullptr,
                                   int64_t extra_buffers = 0);
@@ -54,9 +55,13 @@ class Engine {
   const BatchLayout& layout() const { return *layout_; }
   const std::shared_ptr<BatchSource>& source() const { return source_; }
   const std::shared_ptr<const BatchLayout>& layout_ptr() const { return layout_; }
-  // Host buffer counts summed over the parts of a batch (every part has its own pool).
-  BufferPoolCounts host_counts() const;
-  size_t host_bytes() const;  // bytes of all live host buffers
+  // Host buffer counts summed over the parts of a batch (every part has its own pool), of the
+  // page-locked pools or of the others.
+  BufferPoolCounts host_counts(bool page_locked) const;
+  size_t host_bytes(bool page_locked) const;  // bytes of the live host buffers of that kind
+  BufferPoolCounts host_counts() const;       // of every kind
+  size_t host_bytes() const;
+  const std::shared_ptr<HostAllocator>& default_allocator() const { return default_allocator_; }
   int num_threads() const { return options_.num_threads; }
 
  private:
@@ -66,7 +71,12 @@ class Engine {
   std::shared_ptr<BatchSource> source_;
   std::shared_ptr<const BatchLayout> layout_;
   std::shared_ptr<HostAllocator> default_allocator_;
-  std::vector<std::shared_ptr<BufferPool>> pools_;  // one per layout part; guarded by mutex_
+  // The buffer pools of one kind of host memory, one per layout part.
+  struct PoolSet {
+    std::shared_ptr<HostAllocator> allocator;
+    std::vector<std::shared_ptr<BufferPool>> pools;
+  };
+  std::vector<PoolSet> sets_;  // those the running (or last) epoch uses; guarded by mutex_
   const uint64_t fork_generation_;
   mutable std::mutex mutex_;  // serialises start/close
   std::unique_ptr<ThreadPool> threads_;

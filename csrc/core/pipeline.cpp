@@ -14,15 +14,23 @@ constexpr size_t kMaxInlineParts = 32;
 }  // namespace
 
 Pipeline::Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> layout,
-                   std::vector<OutputSpec> outputs, int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
+                   std::vector<OutputSpec> outputs, int64_t prefetch, const std::vector<std::shared_ptr<BufferPool>>& pools,
                    int64_t fail_at_step)
+    : Pipeline(std::move(source), std::move(layout), outputs, prefetch,
+               std::vector<std::vector<std::shared_ptr<BufferPool>>>(outputs.size(), pools), fail_at_step) {}
+
+Pipeline::Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> layout,
+                   std::vector<OutputSpec> outputs, int64_t prefetch,
+                   std::vector<std::vector<std::shared_ptr<BufferPool>>> pools, int64_t fail_at_step)
     : source_(std::move(source)), layout_(std::move(layout)), prefetch_(prefetch), worker_wake_places_(std::max<int64_t>(1, prefetch / 4)),
       pools_(std::move(pools)),
       fail_at_step_(fail_at_step), fork_generation_(fork_generation()) {
   if (prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " + std::to_string(prefetch));
-  if (pools_.size() != layout_->num_parts())
-    throw std::invalid_argument("one buffer pool per batch part is needed");
+  if (pools_.size() != outputs.size())
+    throw std::invalid_argument("one set of buffer pools per output is needed");
+  for (const auto& set : pools_)
+    if (set.size() != layout_->num_parts()) throw std::invalid_argument("one buffer pool per batch part is needed");
   if (!source_ || source_->schema().size() != layout_->source_parts)
     throw std::invalid_argument("the batch layout was not made for this source");
   for (OutputSpec& spec : outputs) {
@@ -153,7 +161,7 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   const BatchLayout& L = *layout_;
   batch->step = step;
   batch->parts.resize(L.num_parts());
-  for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[p]->acquire();
+  for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[static_cast<size_t>(output)][p]->acquire();
   BatchRows out;
   const size_t rows = static_cast<size_t>(L.max_rows);
   out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : scratch.data();

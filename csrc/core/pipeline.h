@@ -48,16 +48,26 @@ struct OutputSpec {
   // takes keeps its window place until it calls retire(); a Python consumer is woken once
   // several batches are ready (one wake-up per several batches), and taking a batch retires it.
   bool native_consumer = false;
+  // Where this output's host buffers come from (Engine::start; null: its default). Outputs that
+  // go to a GPU want page-locked memory; a CPU output of the same loader does not (a user's
+  // non_blocking copy from page-locked memory is a DMA the loader cannot see finish).
+  std::shared_ptr<HostAllocator> memory;
 
-  OutputSpec(std::shared_ptr<const BatchPlan> p, bool native = false) : plan(std::move(p)), native_consumer(native) {}
-  OutputSpec(EpochPlan p, bool native = false)
-      : plan(std::make_shared<EpochPlan>(std::move(p))), native_consumer(native) {}
+  OutputSpec(std::shared_ptr<const BatchPlan> p, bool native = false, std::shared_ptr<HostAllocator> m = nullptr)
+      : plan(std::move(p)), native_consumer(native), memory(std::move(m)) {}
+  OutputSpec(EpochPlan p, bool native = false, std::shared_ptr<HostAllocator> m = nullptr)
+      : plan(std::make_shared<EpochPlan>(std::move(p))), native_consumer(native), memory(std::move(m)) {}
 };
 
 class Pipeline {
  public:
+  // pools[o][p]: the buffer pool of part p for output o.
   Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> layout,
-           std::vector<OutputSpec> outputs, int64_t prefetch, std::vector<std::shared_ptr<BufferPool>> pools,
+           std::vector<OutputSpec> outputs, int64_t prefetch,
+           std::vector<std::vector<std::shared_ptr<BufferPool>>> pools, int64_t fail_at_step = -1);
+  // Every output's buffers from the same pools (one per part).
+  Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const BatchLayout> layout,
+           std::vector<OutputSpec> outputs, int64_t prefetch, const std::vector<std::shared_ptr<BufferPool>>& pools,
            int64_t fail_at_step = -1);
   ~Pipeline();
 
@@ -133,7 +143,7 @@ class Pipeline {
   // futex wake in every next() and a worker sleeping after each batch it built (~10 µs of the
   // loop's thread per batch on the benchmark VM); once a quarter is free, one wake-up builds a run.
   const int64_t worker_wake_places_;
-  std::vector<std::shared_ptr<BufferPool>> pools_;  // one per layout part
+  std::vector<std::vector<std::shared_ptr<BufferPool>>> pools_;  // per output, one per layout part
   const int64_t fail_at_step_;
   const uint64_t fork_generation_;  // a forked child must not take mutex_ (see fork_guard.h)
   mutable std::mutex mutex_;

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -21,8 +22,8 @@ template <typename F>
 bool fetch(void* getter, bool v2, const char* name, F* out, std::string* error) {
   void* p = nullptr;
   api::CUresult r;
+  int status = 0;
   if (v2) {
-    int status = 0;
     r = reinterpret_cast<api::PFN_cuGetProcAddress_v2>(getter)(name, &p, api::kApiVersion,
                                                                api::CU_GET_PROC_ADDRESS_DEFAULT, &status);
   } else {
@@ -30,7 +31,10 @@ bool fetch(void* getter, bool v2, const char* name, F* out, std::string* error) 
                                                                api::CU_GET_PROC_ADDRESS_DEFAULT);
   }
   if (r != api::CUDA_SUCCESS || !p) {
-    *error = std::string("the CUDA driver lacks ") + name + " (driver too old for CUDA 12 entry points?)";
+    *error = std::string("the CUDA driver lacks ") + name +
+             (status == api::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                  ? " at the CUDA version fastload asks for (" + std::to_string(api::kApiVersion) + ")"
+                  : std::string(" (a driver older than the CUDA version that introduced it)"));
     return false;
   }
   *out = reinterpret_cast<F>(p);
@@ -74,6 +78,7 @@ Loaded load() {
   FASTLOAD_FETCH(cuDevicePrimaryCtxRelease)
   FASTLOAD_FETCH(cuCtxSetCurrent)
   FASTLOAD_FETCH(cuCtxGetCurrent)
+  FASTLOAD_FETCH(cuCtxSynchronize)
   FASTLOAD_FETCH(cuStreamCreate)
   FASTLOAD_FETCH(cuStreamDestroy)
   FASTLOAD_FETCH(cuStreamWaitEvent)
@@ -83,12 +88,17 @@ Loaded load() {
   FASTLOAD_FETCH(cuEventQuery)
   FASTLOAD_FETCH(cuEventSynchronize)
   FASTLOAD_FETCH(cuEventDestroy)
+  FASTLOAD_FETCH(cuEventElapsedTime)
   FASTLOAD_FETCH(cuMemAlloc)
   FASTLOAD_FETCH(cuMemFree)
+  FASTLOAD_FETCH(cuMemGetInfo)
   FASTLOAD_FETCH(cuMemHostAlloc)
   FASTLOAD_FETCH(cuMemFreeHost)
+  FASTLOAD_FETCH(cuMemHostRegister)
+  FASTLOAD_FETCH(cuMemHostUnregister)
   FASTLOAD_FETCH(cuMemcpyHtoDAsync)
   FASTLOAD_FETCH(cuMemcpyDtoHAsync)
+  FASTLOAD_FETCH(cuThreadExchangeStreamCaptureMode)
 #undef FASTLOAD_FETCH
   const api::CUresult init = f.cuInit(0);
   if (init == api::CUDA_ERROR_STUB_LIBRARY) {
@@ -148,6 +158,13 @@ std::string error_text(api::CUresult result) {
 
 void check(api::CUresult result, const char* call) {
   if (result == api::CUDA_SUCCESS) return;
+  if (is_sticky(result))
+    throw DriverError("a CUDA kernel failed on the GPU: " + error_text(result) +
+                          ". The error is sticky: the device's CUDA context is unusable for the rest of this "
+                          "process, and every later CUDA call fails with it (fastload saw it in " + call +
+                          "). The kernel that failed is most likely one of your training step's; run with "
+                          "CUDA_LAUNCH_BLOCKING=1 to find which",
+                      result);
   throw DriverError(std::string(call) + " failed: " + error_text(result), result);
 }
 
@@ -155,9 +172,38 @@ bool is_shutdown(api::CUresult result) {
   return result == api::CUDA_ERROR_DEINITIALIZED || result == api::CUDA_ERROR_NOT_INITIALIZED;
 }
 
+bool is_sticky(api::CUresult result) {
+  switch (result) {
+    case 214:  // CUDA_ERROR_ECC_UNCORRECTABLE
+    case 700:  // CUDA_ERROR_ILLEGAL_ADDRESS
+    case 702:  // CUDA_ERROR_LAUNCH_TIMEOUT
+    case 710:  // CUDA_ERROR_ASSERT
+    case 714:  // CUDA_ERROR_HARDWARE_STACK_ERROR
+    case 715:  // CUDA_ERROR_ILLEGAL_INSTRUCTION
+    case 716:  // CUDA_ERROR_MISALIGNED_ADDRESS
+    case 717:  // CUDA_ERROR_INVALID_ADDRESS_SPACE
+    case 718:  // CUDA_ERROR_INVALID_PC
+    case 719:  // CUDA_ERROR_LAUNCH_FAILED
+      return true;
+    default:
+      return false;
+  }
+}
+
 void log_failure(api::CUresult result, const char* call) noexcept {
   if (result == api::CUDA_SUCCESS || is_shutdown(result)) return;
   try {
+    if (is_sticky(result)) {
+      // Every cleanup call fails from now on (each batch's release, each free, each stream):
+      // one line says so, instead of one per call.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        std::fprintf(stderr,
+                     "fastload: a CUDA kernel failed on the GPU (%s); the context is unusable, so fastload's "
+                     "cleanup calls fail from now on (%s was the first) and are not reported one by one\n",
+                     error_text(result).c_str(), call);
+      return;
+    }
     std::fprintf(stderr, "fastload: %s failed during cleanup: %s\n", call, error_text(result).c_str());
   } catch (...) {
   }

@@ -26,6 +26,14 @@ class DriverError : public std::runtime_error {
   api::CUresult code_;
 };
 
+// A device allocation failed for lack of memory, and nothing the loader could wait for would free
+// any (the consumer waits for a batch that needs the memory it holds itself). The message says
+// what was asked, what the driver has free and what fastload holds. Python: torch's OutOfMemoryError.
+class OutOfMemory : public DriverError {
+ public:
+  explicit OutOfMemory(const std::string& message) : DriverError(message, api::CUDA_ERROR_OUT_OF_MEMORY) {}
+};
+
 // The loaded, initialised driver. Loads on the first call (thread-safe); throws Unavailable,
 // the same every time, if it cannot be used.
 const api::Functions& driver();
@@ -37,7 +45,11 @@ std::string error_text(api::CUresult result);
 // True for the results a call gets once the driver is shutting down (at interpreter exit):
 // destructors and deleters then give up quietly.
 bool is_shutdown(api::CUresult result);
+// True for the errors a failed kernel leaves in its context for good (an illegal address, a
+// device-side assert, ...): every later call in that context fails with the same error.
+bool is_sticky(api::CUresult result);
 // For cleanup paths that must not throw: reports a failure on stderr unless it is a shutdown.
+// A sticky error is reported once per process (after it, every cleanup call fails with it).
 void log_failure(api::CUresult result, const char* call) noexcept;
 
 }  // namespace fastload::cuda

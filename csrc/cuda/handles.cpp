@@ -49,6 +49,27 @@ ScopedContext::~ScopedContext() {
   if (switched_) driver().cuCtxSetCurrent(previous_);
 }
 
+namespace {
+thread_local bool t_relaxed_for_good = false;
+}  // namespace
+
+void relax_capture_for_this_thread() {
+  if (t_relaxed_for_good) return;
+  int mode = api::CU_STREAM_CAPTURE_MODE_RELAXED;
+  check(driver().cuThreadExchangeStreamCaptureMode(&mode), "cuThreadExchangeStreamCaptureMode");
+  t_relaxed_for_good = true;
+}
+
+RelaxedCapture::RelaxedCapture() noexcept {
+  if (t_relaxed_for_good) return;
+  previous_ = api::CU_STREAM_CAPTURE_MODE_RELAXED;
+  exchanged_ = driver().cuThreadExchangeStreamCaptureMode(&previous_) == api::CUDA_SUCCESS;
+}
+
+RelaxedCapture::~RelaxedCapture() {
+  if (exchanged_) driver().cuThreadExchangeStreamCaptureMode(&previous_);
+}
+
 Stream::Stream(std::shared_ptr<PrimaryContext> ctx) : ctx_(std::move(ctx)) {
   ScopedContext scope(*ctx_);
   check(driver().cuStreamCreate(&s_, api::CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -57,6 +78,7 @@ Stream::Stream(std::shared_ptr<PrimaryContext> ctx) : ctx_(std::move(ctx)) {
 Stream::~Stream() {
   if (!s_) return;
   ScopedContext scope(*ctx_);
+  RelaxedCapture relaxed;
   // Destroying a stream with work queued is legal but leaves that work racing the frees that
   // follow: drain it first.
   const api::CUresult r = driver().cuStreamSynchronize(s_);
@@ -64,12 +86,15 @@ Stream::~Stream() {
   log_failure(driver().cuStreamDestroy(s_), "cuStreamDestroy");
 }
 
-void Stream::synchronize() const { check(driver().cuStreamSynchronize(s_), "cuStreamSynchronize"); }
+void Stream::synchronize() const {
+  RelaxedCapture relaxed;
+  check(driver().cuStreamSynchronize(s_), "cuStreamSynchronize");
+}
 
-Event::Event(std::shared_ptr<PrimaryContext> ctx) : ctx_(std::move(ctx)) {
+Event::Event(std::shared_ptr<PrimaryContext> ctx, bool timing) : ctx_(std::move(ctx)) {
   ScopedContext scope(*ctx_);
-  check(driver().cuEventCreate(&e_, api::CU_EVENT_DISABLE_TIMING | api::CU_EVENT_BLOCKING_SYNC),
-        "cuEventCreate");
+  const unsigned flags = api::CU_EVENT_BLOCKING_SYNC | (timing ? 0u : api::CU_EVENT_DISABLE_TIMING);
+  check(driver().cuEventCreate(&e_, flags), "cuEventCreate");
 }
 
 Event::~Event() {
@@ -81,12 +106,22 @@ Event::~Event() {
 void Event::record(api::CUstream stream) const { check(driver().cuEventRecord(e_, stream), "cuEventRecord"); }
 
 bool Event::done() const {
+  RelaxedCapture relaxed;
   const api::CUresult r = driver().cuEventQuery(e_);
   if (r == api::CUDA_ERROR_NOT_READY) return false;
   check(r, "cuEventQuery");
   return true;
 }
 
-void Event::synchronize() const { check(driver().cuEventSynchronize(e_), "cuEventSynchronize"); }
+void Event::synchronize() const {
+  RelaxedCapture relaxed;
+  check(driver().cuEventSynchronize(e_), "cuEventSynchronize");
+}
+
+float Event::elapsed_since(const Event& start) const {
+  float ms = 0;
+  check(driver().cuEventElapsedTime(&ms, start.e_, e_), "cuEventElapsedTime");
+  return ms;
+}
 
 }  // namespace fastload::cuda

@@ -41,6 +41,28 @@ class ScopedContext {
   bool switched_ = false, ok_ = false;
 };
 
+// A user's CUDA graph capture in global mode (torch.cuda.graph's default) makes every call that may
+// synchronise or allocate (cuEventQuery/Synchronize, cuStreamSynchronize, cuMemAlloc/Free,
+// cuMemHostAlloc/FreeHost, cuMemHostRegister ...) fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+// on any thread that is not in relaxed capture mode, and invalidates the user's capture. So:
+// fastload's own threads (transfer, retire, deferred frees) switch to relaxed mode for good before
+// their first driver call; on any other thread (the user's, and the collation threads, which may
+// run the user's dataset code) each such call runs inside a RelaxedCapture scope, which restores
+// the thread's own mode after.
+void relax_capture_for_this_thread();  // throws DriverError
+
+class RelaxedCapture {
+ public:
+  RelaxedCapture() noexcept;  // a failure leaves the mode as it was (the call then fails as before)
+  ~RelaxedCapture();
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool exchanged_ = false;
+};
+
 class Stream {
  public:
   // Non-blocking: a blocking stream would serialise with PyTorch's legacy default stream.
@@ -58,9 +80,9 @@ class Stream {
 
 class Event {
  public:
-  // Without timing (cheaper); blocking sync, so a thread waiting for a copy sleeps instead of
-  // spinning on a core the collation threads need.
-  explicit Event(std::shared_ptr<PrimaryContext> ctx);
+  // Blocking sync, so a thread waiting for a copy sleeps instead of spinning on a core the
+  // collation threads need; without timing (cheaper) unless asked for.
+  explicit Event(std::shared_ptr<PrimaryContext> ctx, bool timing = false);
   ~Event();
   Event(Event&& o) noexcept : ctx_(std::move(o.ctx_)), e_(o.e_) { o.e_ = nullptr; }
   Event& operator=(Event&&) = delete;
@@ -68,6 +90,8 @@ class Event {
   void record(api::CUstream stream) const;
   bool done() const;  // cuEventQuery: true when complete; throws on an error
   void synchronize() const;
+  // Milliseconds from `start` to this event, both complete timing events (cuEventElapsedTime).
+  float elapsed_since(const Event& start) const;
   const std::shared_ptr<PrimaryContext>& context() const { return ctx_; }
 
  private:

@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "cuda/deferred_free.h"
 #include "cuda/memory.h"
 
 namespace fastload {
 
 LoaderRuntime::LoaderRuntime(std::shared_ptr<BatchSource> source, const RuntimeOptions& options)
-    : prefetch_(options.engine.prefetch), streams_(options.streams) {
+    : prefetch_(options.engine.prefetch), streams_(options.streams), cache_release_(options.cache_release),
+      shared_memory_(options.host_memory) {
   if (streams_ <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams_));
   engine_ = std::make_unique<Engine>(std::move(source), options.engine,
                                      options.host_memory ? options.host_memory : make_aligned_allocator());
@@ -28,6 +30,7 @@ void LoaderRuntime::close() {
   for (auto& t : transfers_)
     if (t) t->close();  // drains the streams; device buffers users hold stay valid
   transfers_.clear();
+  if (pinned_) cuda::flush_deferred_frees();  // the pinned slots the engine's close() let go
 }
 
 void LoaderRuntime::stop_transfers() {
@@ -45,25 +48,37 @@ std::shared_ptr<Run> LoaderRuntime::start(std::vector<std::shared_ptr<const Batc
   if (!plans.empty() && plans[0]->num_sources() > 1)
     run->stats.source_rows.assign(static_cast<size_t>(plans[0]->num_sources()), 0);
   std::vector<OutputSpec> outputs;
-  for (size_t d = 0; d < plans.size(); ++d) outputs.push_back({std::move(plans[d]), devices[d] >= 0});
+  for (size_t d = 0; d < plans.size(); ++d) outputs.push_back({std::move(plans[d]), devices[d] >= 0, nullptr});
   // The old epoch first: its transfer threads then see Cancelled at once instead of at their
   // next timeout, and stop before the pipeline they feed from is replaced.
   engine_->cancel_current();
   stop_transfers();
   run->transfers.resize(devices.size());
-  std::shared_ptr<HostAllocator> host_memory;
   int64_t extra = 0;
   for (size_t d = 0; d < devices.size(); ++d) {
     if (devices[d] < 0) continue;
     if (transfers_.size() <= d) transfers_.resize(d + 1);
-    if (!transfers_[d] || transfers_[d]->device() != devices[d])
+    if (!transfers_[d] || transfers_[d]->device() != devices[d]) {
       transfers_[d] = std::make_shared<cuda::TransferEngine>(devices[d], streams_, layout_, prefetch_, misuse_);
+      transfers_[d]->set_cache_release(cache_release_);
+    }
     run->transfers[d] = transfers_[d];
     extra += transfers_[d]->in_flight_limit();
-    if (!pinned_) pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());
-    host_memory = pinned_;
+    if (!pinned_) {
+      // Worker processes write into shared-memory slots: those are page-locked in place, so the
+      // transfer engine copies straight from what the workers wrote.
+      if (shared_memory_)
+        pinned_ = std::make_shared<cuda::RegisteredAllocator>(transfers_[d]->context(), shared_memory_,
+                                                              misuse_ == cuda::Misuse::SkipHostRegister);
+      else
+        pinned_ = std::make_shared<cuda::PinnedAllocator>(transfers_[d]->context());
+    }
+    // Page-locked slots for a GPU output only: a CPU output of the same loader gets ordinary
+    // memory, so that a non_blocking .to("cuda") of its batches is a staged copy that is done
+    // when it returns, not a DMA still reading a slot the loader recycles.
+    outputs[d].memory = pinned_;
   }
-  run->pipeline = engine_->start(std::move(outputs), fail_at_step, host_memory, extra);
+  run->pipeline = engine_->start(std::move(outputs), fail_at_step, nullptr, extra);
   for (size_t d = 0; d < devices.size(); ++d)
     if (run->transfers[d]) run->transfers[d]->start(run->pipeline, static_cast<int>(d));
   return run;
@@ -89,30 +104,37 @@ std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user
   const double collation_ns = static_cast<double>(run.pipeline->collation_times().total_ns());
   const double collating = collation_ns / (wall * std::max(1, engine_->num_threads()));
   const double user_share = user_ns < 0 ? -1.0 : static_cast<double>(user_ns) / std::max(1.0, collation_ns);
-  double copying = 0;
-  for (const auto& t : run.transfers)
-    if (t) copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
+  // Copy time is the copies' own GPU time; the time they waited for memory the consumer's work
+  // had not released yet is counted apart (it is the training step's time, not the loader's).
+  double copying = 0, releasing = 0;
+  for (const auto& t : run.transfers) {
+    if (!t) continue;
+    copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
+    releasing = std::max(releasing, static_cast<double>(t->release_wait_ns()) / wall);
+  }
   const std::string knob =
-      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes);
-  return "fastload: the training loop waited for data " + std::to_string(static_cast<int>(share * 100)) +
-         "% of the time over the last " + std::to_string(RunStats::kWindow) + " batches; " + knob +
-         ". See loader.stats().";
+      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes, releasing);
+  const std::string waited = std::to_string(static_cast<int>(share * 100)) + "% of the time over the last " +
+                             std::to_string(RunStats::kWindow) + " batches";
+  if (step_bound(releasing))
+    return "fastload: next() waited " + waited + ", for your GPU rather than for data: " + knob +
+           ". See loader.stats().";
+  return "fastload: the training loop waited for data " + waited + "; " + knob + ". See loader.stats().";
 }
 
 MemoryCounts LoaderRuntime::memory() const {
   MemoryCounts m;
   m.host = engine_->host_counts();
-  const bool pinned = pinned_ != nullptr;
-  const int64_t bytes = static_cast<int64_t>(engine_->host_bytes());
-  m.host_bytes = pinned ? 0 : bytes;
-  m.pinned_bytes = pinned ? bytes : 0;
-  m.pinned_buffers = pinned ? m.host.live() : 0;
+  m.host_bytes = static_cast<int64_t>(engine_->host_bytes(false));
+  m.pinned_bytes = static_cast<int64_t>(engine_->host_bytes(true));
+  m.pinned_buffers = engine_->host_counts(true).live();
   for (const auto& t : transfers_) {
     if (!t) continue;
     const cuda::TransferCounts c = t->counts();
     m.device_bytes += c.device_bytes;
     m.device_buffers += c.device_buffers;
     m.device_allocations += c.device_allocations;
+    m.device_retired += c.device_retired;
     m.batches_copied += c.batches;
   }
   m.num_threads = engine_->num_threads();

@@ -34,13 +34,16 @@ struct MemoryCounts {
   int64_t host_bytes = 0, pinned_bytes = 0;
   BufferPoolCounts host;
   int64_t pinned_buffers = 0;
-  int64_t device_bytes = 0, device_buffers = 0, device_allocations = 0, batches_copied = 0;
+  int64_t device_bytes = 0, device_buffers = 0, device_allocations = 0, device_retired = 0, batches_copied = 0;
   int num_threads = 0;
 };
 
 struct RuntimeOptions {
   EngineOptions engine;
   int streams = 1;  // copy streams per GPU output
+  // The consumer can release memory another allocator caches when a GPU output runs out (the
+  // bindings: torch.cuda.empty_cache()); see TransferEngine::set_cache_release.
+  bool cache_release = false;
   // Where CPU batches live (null: ordinary aligned memory); worker processes need shared memory.
   std::shared_ptr<HostAllocator> host_memory;
 };
@@ -86,10 +89,12 @@ class LoaderRuntime {
 
   const int64_t prefetch_;
   const int streams_;
+  const bool cache_release_;
   cuda::Misuse misuse_ = cuda::Misuse::None;
   bool stall_warned_ = false;  // the hint is given once per loader
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<const BatchLayout> layout_;  // outlives a closed engine: batches still need it
+  std::shared_ptr<HostAllocator> shared_memory_;  // worker processes' segments (RuntimeOptions::host_memory)
   std::shared_ptr<HostAllocator> pinned_;      // made on the first GPU epoch
   std::vector<std::shared_ptr<cuda::TransferEngine>> transfers_;  // by output index
 };

@@ -55,10 +55,20 @@ struct RunStats {
 // bottleneck; when neither is, the data came but came unevenly, which a deeper window absorbs.
 inline constexpr double kBusyShare = 0.7;
 
+// releasing: the share of the time the busiest GPU's copies waited for the consumer's work to
+// release batch memory (the training step queued on the GPU ahead of them). When it is high, the
+// loop waits in next() for its own GPU work, not for the loader: no loader knob helps.
+inline bool step_bound(double releasing) { return releasing > kBusyShare; }
+
 // user_share: of the collation time, the share spent in a Python dataset's own code (negative for
 // array sources); processes: whether that code runs in worker processes already.
 inline std::string stall_advice(double collating, double copying, int num_threads, int streams, int64_t prefetch,
-                                double user_share = -1.0, bool processes = false) {
+                                double user_share = -1.0, bool processes = false, double releasing = 0.0) {
+  if (step_bound(releasing))
+    return "the copies of the next batches waited " + std::to_string(static_cast<int>(releasing * 100)) +
+           "% of the time for your training step's GPU work to release batch memory: the training step is the "
+           "bottleneck, not data loading (no loader setting helps; a deeper prefetch would only hold more device "
+           "memory)";
   if (collating > kBusyShare && user_share > 0.5)
     return "the dataset's own code (__getitem__) is the bottleneck (" + std::to_string(static_cast<int>(user_share * 100)) +
            "% of the workers' time): raise num_workers (now " + std::to_string(num_threads) + ")" +

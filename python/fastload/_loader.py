@@ -223,9 +223,6 @@ class Loader:
         self._native = native
         self._workers: WorkerProcesses | None = None
         if workers == "processes":
-            if self._device.type == "cuda":
-                raise NotImplementedError("workers='processes' with a CUDA device is not built yet: use "
-                                          "workers='threads', or device='cpu' and move batches yourself")
             self._workers = WorkerProcesses(source, threads)  # pickles the dataset now: errors come early
         self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
                                  self._streams, self._workers.memory if self._workers else None, with_source)
@@ -250,6 +247,12 @@ class Loader:
         # Test hook: GPU batches as raw device parts read back through the driver (the stand-in
         # driver's "device" memory is host memory that torch cannot import as CUDA).
         self._raw_device_batches = False
+        # Test hook: GPU batches as CPU tensors over the stand-in driver's "device" memory, made by
+        # torch's own DLPack import (so torch's deleter runs the release path in CI).
+        self._standin_tensors = False
+        # Test hook: with raw device batches or stand-in tensors, the consumer stream next() makes
+        # a batch ready on (a stream handle of the stand-in driver; 0: the legacy default stream).
+        self._test_stream = 0
         _lifecycle.register(self)
 
     @staticmethod
@@ -427,7 +430,8 @@ class Loader:
             self._pending = None
             self._run, self._outputs = run, len(devices)
             self._replicas = self._world_size * len(devices)
-            return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches)
+            return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream,
+                                   self._standin_tensors)
                     for d, i in enumerate(indices)]
 
     def _next_stream_run(self, devices: int) -> tuple[int, int, int, Anchor, list[Any]]:
@@ -464,7 +468,7 @@ class Loader:
         count = _C.cuda_device_count()  # loads the driver; RuntimeError says why it cannot
         if not 0 <= index < count:
             raise ValueError(f"device {device} does not exist: the CUDA driver sees {count} device(s)")
-        if not self._raw_device_batches and not torch.cuda.is_available():
+        if not (self._raw_device_batches or self._standin_tensors) and not torch.cuda.is_available():
             raise RuntimeError(
                 f"fastload's CUDA driver sees {count} device(s) but PyTorch sees none, so batches could "
                 "not become torch tensors; is this PyTorch a CPU-only build?")

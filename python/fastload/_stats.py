@@ -40,8 +40,11 @@ class LoaderStats:
     - collation: building each batch (sampling and gathering, on one thread).
     - user_s: of the collation time, the time inside a Python dataset's own code (__getitem__,
       __getitems__, collate_fn), summed over the worker threads; 0 for array sources.
-    - copy: per GPU output, from issuing a batch's host-to-device copies until the transfer
-      thread saw them complete (an upper bound on the copy time).
+    - copy: per GPU output, the GPU time of each batch's host-to-device copies (timed on the
+      GPU between an event after the copies' waits and one after the copies).
+    - release_wait: per GPU output, the time the copies waited for your work on the GPU (the
+      training step queued ahead of them) to release the memory they write: the training
+      step's time, not the loader's.
     - pinned_bytes, device_bytes, host_bytes: memory the loader's pools hold (batches you keep
       included); host_allocations, device_allocations: buffers allocated so far.
     - sources: a step-based loader's (a Mix, or steps=) per-source counts, by source name (see
@@ -57,6 +60,7 @@ class LoaderStats:
     ready_mean: float
     collation: StageStats
     copy: dict[str, StageStats] = field(default_factory=dict)
+    release_wait: dict[str, float] = field(default_factory=dict)
     num_threads: int = 0
     prefetch: int = 0
     streams: int = 0
@@ -83,6 +87,7 @@ class LoaderStats:
                    wait_s=run["wait_s"], wall_s=run["wall_s"], ready_mean=run["ready_mean"],
                    collation=StageStats(**run["collation"]),
                    copy={k: StageStats(**v) for k, v in run["copy"].items()},
+                   release_wait=dict(run.get("release_wait", {})),
                    num_threads=run["num_threads"], prefetch=run["prefetch"], streams=run["streams"],
                    pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
@@ -108,6 +113,10 @@ class LoaderStats:
         for device, c in self.copy.items():
             rows.append((f"copy {device}", f"{c.busy_s:.3f} s; p50 {ms(c.p50_s)}, p99 {ms(c.p99_s)} per batch "
                                            f"({self.streams} streams)"))
+            waited = self.release_wait.get(device, 0.0)
+            if waited > 0:
+                rows.append((f"GPU step {device}", f"{waited:.3f} s: copies waited for your GPU work to release "
+                                                   "batch memory"))
         for name, src in self.sources.items():
             rows.append((f"source {name}", f"{src.samples:,} samples handed out; {src.epochs:,} epochs completed "
                                            f"(position {src.position:,})"))

@@ -67,8 +67,13 @@ constexpr CUresult kInvalidContext = 201;
 constexpr CUresult kInvalidHandle = 400;
 constexpr CUresult kNotFound = 500;
 constexpr CUresult kNotReady = 600;
+constexpr CUresult kIllegalState = 401;
 constexpr CUresult kIllegalAddress = 700;
-constexpr CUresult kLaunchFailed = 719;
+constexpr CUresult kHostMemoryAlreadyRegistered = 712;
+constexpr CUresult kHostMemoryNotRegistered = 713;
+constexpr CUresult kCaptureUnsupported = 900;
+constexpr CUresult kCaptureInvalidated = 901;
+constexpr CUresult kCaptureWrongThread = 908;
 constexpr CUresult kUnknown = 999;
 
 constexpr unsigned kStreamNonBlocking = 0x1;
@@ -76,7 +81,17 @@ constexpr unsigned kHostAllocPortable = 0x1;
 constexpr unsigned kHostAllocFlags = 0x1 | 0x2 | 0x4;  // PORTABLE | DEVICEMAP | WRITECOMBINED
 constexpr unsigned kEventFlags = 0x1 | 0x2 | 0x4;      // BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS
 constexpr unsigned kEventWaitFlags = 0x1;              // CU_EVENT_WAIT_EXTERNAL
+constexpr unsigned kEventDisableTiming = 0x2;
+constexpr unsigned kHostRegisterFlags = 0x1 | 0x2 | 0x4 | 0x8;  // PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
 constexpr int kDriverVersion = 12040;
+// CUstreamCaptureMode.
+constexpr int kCaptureGlobal = 0;
+constexpr int kCaptureThreadLocal = 1;
+constexpr int kCaptureRelaxed = 2;
+// The reserved stream handles: 0 and CU_STREAM_LEGACY name the legacy default stream,
+// CU_STREAM_PER_THREAD the calling thread's own default stream.
+constexpr uintptr_t kStreamLegacy = 0x1;
+constexpr uintptr_t kStreamPerThread = 0x2;
 constexpr int kMaxDevices = 64;
 
 struct ErrorText {
@@ -107,9 +122,17 @@ constexpr ErrorText kErrors[] = {
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {708, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
     {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+     "part or all of the requested memory range is already mapped"},
+    {713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {909, "CUDA_ERROR_TIMEOUT", "timeout expired"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
@@ -125,7 +148,14 @@ struct Config {
   long long fail_alloc_after = -1;
   long long fail_copy_after = -1;
   long long fail_event_sync_after = -1;
+  long long fail_event_record_after = -1;
+  long long fail_event_record_on = 0;  // a stream handle whose event records fail (0: none)
   long long total_memory = 16LL << 30;
+  // Device memory another allocator of the process holds (PyTorch's cache, say): cuMemAlloc and
+  // cuMemGetInfo see that much less on every device.
+  long long other_allocator_bytes = 0;
+  // What cuDriverGetVersion reports; entry points introduced by a later CUDA are missing.
+  long long driver_version = kDriverVersion;
   long long paused = 0;
 };
 
@@ -147,7 +177,11 @@ constexpr ConfigKey kConfigKeys[] = {
     {"fail_alloc_after", &Config::fail_alloc_after, -1, kNoMax},
     {"fail_copy_after", &Config::fail_copy_after, -1, kNoMax},
     {"fail_event_sync_after", &Config::fail_event_sync_after, -1, kNoMax},
+    {"fail_event_record_after", &Config::fail_event_record_after, -1, kNoMax},
+    {"fail_event_record_on", &Config::fail_event_record_on, 0, kNoMax},
     {"total_memory", &Config::total_memory, 1, kNoMax},
+    {"other_allocator_bytes", &Config::other_allocator_bytes, 0, kNoMax},
+    {"driver_version", &Config::driver_version, 2000, 99990},
     {"paused", &Config::paused, 0, 1},
 };
 
@@ -307,7 +341,10 @@ struct Context {
 struct Device {
   Context* primary = nullptr;  // one handle per device for the whole process, as in CUDA
   int refcount = 0;            // the primary context is "destroyed" while this is 0
-  Stream* default_stream = nullptr;
+  // After a fault (a kernel's illegal address, say) every later call in the context fails
+  // with it: the error is sticky, as in CUDA, until the process ends.
+  CUresult sticky = kSuccess;
+  Stream* default_stream = nullptr;  // the legacy default stream
   size_t allocated = 0;
   std::vector<Stream*> streams;  // every stream ever made on the device, default one included
 };
@@ -318,7 +355,8 @@ struct Allocation {
   uintptr_t base = 0;
   size_t size = 0;
   size_t mapped = 0;
-  bool pinned = false;
+  bool pinned = false;      // page-locked host memory (cuMemHostAlloc or cuMemHostRegister)
+  bool registered = false;  // cuMemHostRegister: the caller's memory, not mapped here
   int device = 0;
   unsigned flags = 0;
   bool live = true;
@@ -327,7 +365,9 @@ struct Allocation {
   Shadow shadow;                // device memory only
 };
 
-enum class OpKind { kHtoD, kDtoH, kWait };
+// kMark: a timing event's timestamp; kSleep: the stream is busy for a while (a kernel of the
+// training step, like torch.cuda._sleep); kFault: a kernel that faults when it runs.
+enum class OpKind { kHtoD, kDtoH, kWait, kMark, kSleep, kFault };
 
 struct Op {
   OpKind kind = OpKind::kHtoD;
@@ -340,15 +380,24 @@ struct Op {
   uint64_t source_sum = 0;
   const Stream* wait_for = nullptr;
   uint64_t wait_target = 0;
+  Event* mark = nullptr;  // kMark: the event, and which of its records this is
+  uint64_t mark_generation = 0;
+  long long sleep_us = 0;  // kSleep
+  CUresult fault = kSuccess;  // kFault
 };
 
 struct Stream {
   uint32_t timeline = 0;
   int device = 0;
   unsigned flags = 0;
-  bool is_default = false;
+  bool is_default = false;     // the legacy default stream
+  bool per_thread = false;     // a thread's per-thread default stream
   bool live = true;
   bool stop = false;
+  // Stream capture (cuStreamBeginCapture): the mode, -1 when not capturing.
+  int capture_mode = -1;
+  bool capture_invalidated = false;
+  std::thread::id capturer;
   Clock clock;                  // clock[timeline] == enqueued
   std::deque<Op> queue;         // front is running or next; popped when done
   uint64_t enqueued = 0;
@@ -361,7 +410,11 @@ struct Stream {
 struct Event {
   int device = 0;
   bool live = true;
+  bool timing = false;  // created without CU_EVENT_DISABLE_TIMING
   bool recorded = false;
+  uint64_t generation = 0;  // records so far; a timestamp belongs to the latest only
+  std::chrono::steady_clock::time_point stamp;
+  bool stamped = false;
   Stream* stream = nullptr;  // the last record's stream and how much of its queue it covers
   uint64_t target = 0;
   Clock snapshot;
@@ -395,6 +448,11 @@ struct Driver {
   long long device_allocations = 0;
   long long pinned_bytes = 0;
   long long pinned_allocations = 0;
+  long long registered_bytes = 0;
+  std::vector<Stream*> capturing;  // streams in capture
+  // Calls per entry point: call_names[i] is counted in calls[i] (and in each thread's t_calls[i]).
+  std::vector<const char*> call_names;  // found by the name literal's address
+  std::vector<long long> calls;
   MisuseLog log;
 };
 
@@ -407,6 +465,12 @@ Driver& drv() {
 std::atomic<bool> g_used{false};    // cuInit succeeded once in this process
 std::atomic<bool> g_forked{false};  // this is a fork() child of a process that used the driver
 thread_local Context* t_current = nullptr;
+thread_local int t_capture_mode = kCaptureGlobal;  // cuThreadExchangeStreamCaptureMode
+thread_local Stream* t_per_thread[kMaxDevices] = {};  // this thread's per-thread default streams
+// This thread's calls per entry point, indexed as Driver::calls. A plain array: a thread_local with
+// a destructor would keep the library from ever being unloaded.
+constexpr int kMaxCountedCalls = 128;
+thread_local long long t_calls[kMaxCountedCalls] = {};
 
 using Lock = std::unique_lock<std::mutex>;
 
@@ -437,6 +501,9 @@ std::string describe_timeline(uint32_t timeline) {
   const Stream* s = d.streams[timeline - 1];
   if (s->is_default)
     std::snprintf(buf, sizeof buf, "the default stream of device %d", s->device);
+  else if (s->per_thread)
+    std::snprintf(buf, sizeof buf, "a per-thread default stream %p (device %d)", static_cast<const void*>(s),
+                  s->device);
   else
     std::snprintf(buf, sizeof buf, "stream %p (device %d)", static_cast<const void*>(s), s->device);
   return buf;
@@ -444,16 +511,93 @@ std::string describe_timeline(uint32_t timeline) {
 
 std::string describe_stream(const Stream* s) { return describe_timeline(s->timeline); }
 
-// Runs one driver call: refuses it in a forked child, after shutdown, or before cuInit, and keeps
-// exceptions from crossing the C boundary.
+// Implicit synchronisation points: allocations, frees and page-locking (which may wait for the
+// device), context and stream synchronisation, synchronous copies. A loader's steady state makes
+// none (waiting for one of its own events is not one of these).
+bool is_implicit_sync(const char* fn) {
+  static const char* const kSyncs[] = {
+      "cuMemAlloc",        "cuMemFree",           "cuMemHostAlloc",      "cuMemFreeHost",       "cuMemHostRegister",
+      "cuMemHostUnregister", "cuCtxSynchronize",  "cuStreamSynchronize", "cuMemcpyDtoH",
+  };
+  for (const char* u : kSyncs)
+    if (std::strcmp(u, fn) == 0) return true;
+  return false;
+}
+
+// The calls that may synchronise or allocate, event and stream queries included: during a stream
+// capture in global mode they are "potentially unsafe" and fail (see check_capture).
+bool is_unsafe_during_capture(const char* fn) {
+  return is_implicit_sync(fn) || std::strcmp(fn, "cuEventQuery") == 0 ||
+         std::strcmp(fn, "cuEventSynchronize") == 0 || std::strcmp(fn, "cuStreamQuery") == 0;
+}
+
+// Calls that still work in a context whose error is sticky (they do not touch the context).
+bool ignores_sticky_error(const char* fn) {
+  static const char* const kFree[] = {
+      "cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName", "cuDevicePrimaryCtxRetain",
+      "cuDevicePrimaryCtxRelease", "cuCtxSetCurrent", "cuCtxGetCurrent", "cuThreadExchangeStreamCaptureMode",
+  };
+  for (const char* u : kFree)
+    if (std::strcmp(u, fn) == 0) return true;
+  return false;
+}
+
+// During a capture, a potentially unsafe call is refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+// and invalidates the capture it would disturb, unless this thread's mode allows it: relaxed
+// allows everything; thread-local refuses only during this thread's own capture; global (every
+// thread's default) also during another thread's global-mode capture. As in CUDA; the refusal is
+// also reported as a misuse, since a loader's threads must never break their user's capture.
+CUresult check_capture(Driver& d, const char* fn) {
+  if (d.capturing.empty() || t_capture_mode == kCaptureRelaxed) return kSuccess;
+  const std::thread::id me = std::this_thread::get_id();
+  Stream* broken = nullptr;
+  for (Stream* s : d.capturing) {
+    const bool prohibits = s->capturer == me ? s->capture_mode != kCaptureRelaxed
+                                             : t_capture_mode == kCaptureGlobal && s->capture_mode == kCaptureGlobal;
+    if (!prohibits) continue;
+    s->capture_invalidated = true;
+    broken = s;
+  }
+  if (broken == nullptr) return kSuccess;
+  misuse("%s during a stream capture: refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture "
+         "on %s is invalidated (a thread must switch to relaxed mode with cuThreadExchangeStreamCaptureMode "
+         "before calls that may synchronise or allocate)",
+         fn, describe_stream(broken).c_str());
+  return kCaptureUnsupported;
+}
+
+// (A linear search by address: a hash map here would bring in a symbol that keeps the library
+// from being unloaded.)
+void count_call(Driver& d, const char* fn) {
+  size_t i = 0;
+  while (i < d.call_names.size() && d.call_names[i] != fn) ++i;
+  if (i == d.call_names.size()) {
+    if (i >= static_cast<size_t>(kMaxCountedCalls)) return;
+    d.call_names.push_back(fn);
+    d.calls.push_back(0);
+  }
+  ++d.calls[i];
+  ++t_calls[i];
+}
+
+// Runs one driver call: refuses it in a forked child, after shutdown, or before cuInit, counts it,
+// refuses it when it would break a stream capture or the calling thread's context has a sticky
+// error, and keeps exceptions from crossing the C boundary.
 template <class F>
-CUresult api(bool needs_init, F&& body) {
+CUresult api(const char* fn, bool needs_init, F&& body) {
   if (g_forked.load(std::memory_order_relaxed)) return kNotInitialized;
   try {
     Driver& d = drv();
     Lock lk(d.mu);
     if (d.shutdown) return kDeinitialized;
+    count_call(d, fn);
     if (needs_init && !d.initialized) return kNotInitialized;
+    if (t_current != nullptr && !ignores_sticky_error(fn) && d.devices[t_current->device].sticky != kSuccess)
+      return d.devices[t_current->device].sticky;
+    if (is_unsafe_during_capture(fn)) {
+      const CUresult refused = check_capture(d, fn);
+      if (refused != kSuccess) return refused;
+    }
     return body(lk);
   } catch (const std::bad_alloc&) {
     return kOutOfMemory;
@@ -522,6 +666,25 @@ void run_stream(Stream* s) {
       finish_op(d, s);
       continue;
     }
+    if (op.kind == OpKind::kMark) {  // a timestamp is taken when the stream gets there, no delay
+      if (op.mark->generation == op.mark_generation) {
+        op.mark->stamp = std::chrono::steady_clock::now();
+        op.mark->stamped = true;
+      }
+      finish_op(d, s);
+      continue;
+    }
+    if (op.kind == OpKind::kSleep) {
+      if (s->wake.wait_for(lk, std::chrono::microseconds(op.sleep_us), [&] { return s->stop; })) return;
+      finish_op(d, s);
+      continue;
+    }
+    if (op.kind == OpKind::kFault) {  // the kernel faults: the context's error is sticky from now on
+      Device& device = d.devices[s->device];
+      if (device.sticky == kSuccess) device.sticky = op.fault;
+      finish_op(d, s);
+      continue;
+    }
     long long max_delay = d.cfg.max_delay_us;
     if (max_delay > 0) {
       auto delay = std::chrono::microseconds(s->rng() % static_cast<uint64_t>(max_delay + 1));
@@ -546,12 +709,13 @@ void run_stream(Stream* s) {
 }
 
 // May throw (std::system_error if the thread cannot start); the caller maps that to an error.
-Stream* new_stream(Driver& d, int device, unsigned flags, bool is_default) {
+Stream* new_stream(Driver& d, int device, unsigned flags, bool is_default, bool per_thread = false) {
   auto* s = new Stream;
   s->timeline = d.timelines + 1;
   s->device = device;
   s->flags = flags;
   s->is_default = is_default;
+  s->per_thread = per_thread;
   s->clock.assign(s->timeline + 1, 0);
   s->rng.seed(static_cast<uint64_t>(d.cfg.seed) * 0x9E3779B97F4A7C15ULL + s->timeline);
   try {
@@ -585,17 +749,25 @@ int current_device(Driver& d, const char* fn, CUresult* err) {
   return c->device;
 }
 
-bool is_default_handle(CUstream h) { return reinterpret_cast<uintptr_t>(h) <= 2; }
+bool is_default_handle(CUstream h) { return reinterpret_cast<uintptr_t>(h) <= kStreamPerThread; }
 
-// Handle 0 (legacy), 0x1 (CU_STREAM_LEGACY) and 0x2 (CU_STREAM_PER_THREAD) all name one extra
-// stream per device: the fake does not model their implicit synchronisation with other streams.
+// The legacy default stream of a device (made on first use).
+Stream* legacy_stream(Driver& d, int dev) {
+  Device& device = d.devices[dev];
+  if (device.default_stream == nullptr) device.default_stream = new_stream(d, dev, 0, true);
+  return device.default_stream;
+}
+
+// Handle 0 and 0x1 (CU_STREAM_LEGACY) name the device's legacy default stream; 0x2
+// (CU_STREAM_PER_THREAD) the calling thread's own default stream, a different one on every
+// thread. Both are blocking streams: see implicit_sync for how they order work.
 Stream* resolve_stream(Driver& d, CUstream h, const char* fn, CUresult* err) {
   if (is_default_handle(h)) {
     int dev = current_device(d, fn, err);
     if (dev < 0) return nullptr;
-    Device& device = d.devices[dev];
-    if (device.default_stream == nullptr) device.default_stream = new_stream(d, dev, 0, true);
-    return device.default_stream;
+    if (reinterpret_cast<uintptr_t>(h) != kStreamPerThread) return legacy_stream(d, dev);
+    if (t_per_thread[dev] == nullptr) t_per_thread[dev] = new_stream(d, dev, 0, false, true);
+    return t_per_thread[dev];
   }
   if (d.stream_handles.count(h) == 0) {
     misuse("invalid stream handle %p passed to %s", static_cast<void*>(h), fn);
@@ -606,6 +778,10 @@ Stream* resolve_stream(Driver& d, CUstream h, const char* fn, CUresult* err) {
     misuse("handle used after destroy: %s on stream %p, destroyed by cuStreamDestroy", fn,
            static_cast<void*>(h));
     *err = kInvalidHandle;
+    return nullptr;
+  }
+  if (d.devices[h->device].sticky != kSuccess) {  // a stream of a faulted context, from any thread
+    *err = d.devices[h->device].sticky;
     return nullptr;
   }
   return h;
@@ -621,6 +797,10 @@ Event* resolve_event(Driver& d, CUevent h, const char* fn, CUresult* err) {
     misuse("handle used after destroy: %s on event %p, destroyed by cuEventDestroy", fn,
            static_cast<void*>(h));
     *err = kInvalidHandle;
+    return nullptr;
+  }
+  if (d.devices[h->device].sticky != kSuccess) {
+    *err = d.devices[h->device].sticky;
     return nullptr;
   }
   return h;
@@ -639,6 +819,39 @@ void push_op(Stream* s, Op op) {
   s->queue.push_back(op);
   s->wake.notify_one();
 }
+
+// Makes the next op on `s` run after every op enqueued on `on` so far.
+void order_after(Driver& d, Stream* s, const Stream* on) {
+  if (on->enqueued == 0 || tick_of(s->clock, on->timeline) >= on->enqueued) return;
+  join(s->clock, on->clock);
+  if (on->completed >= on->enqueued) return;
+  Op op;
+  op.kind = OpKind::kWait;
+  op.seq = advance(d, s).tick;
+  op.wait_for = on;
+  op.wait_target = on->enqueued;
+  push_op(s, op);
+}
+
+// The implicit synchronisation of blocking streams (created without CU_STREAM_NON_BLOCKING, and
+// the per-thread default streams) with the legacy default stream, as in CUDA: work on the legacy
+// stream waits for all work enqueued before it on every blocking stream of the context, and work
+// on a blocking stream waits for all work enqueued before it on the legacy stream. Called before
+// anything is enqueued on `s`. Non-blocking streams take no part.
+void implicit_sync(Driver& d, Stream* s) {
+  if (s->flags & kStreamNonBlocking) return;
+  Device& device = d.devices[s->device];
+  if (s->is_default) {
+    for (const Stream* b : device.streams)
+      if (b != s && b->live && !(b->flags & kStreamNonBlocking)) order_after(d, s, b);
+  } else if (device.default_stream != nullptr) {
+    order_after(d, s, device.default_stream);
+  }
+}
+
+// Work enqueued on a stream in capture is recorded into the user's graph, not run; the stand-in
+// keeps no graph, so it drops that work (and the caller's call succeeds).
+bool captured(const Stream* s) { return s->capture_mode >= 0; }
 
 // Waits until `s` has completed `target` ops; false if the library shut down meanwhile.
 bool wait_for_ops(Driver& d, Lock& lk, const Stream* s, uint64_t target) {
@@ -673,7 +886,7 @@ CUresult fake_cuGetErrorName(CUresult error, const char** str) {
 }
 
 CUresult fake_cuInit(unsigned flags) {
-  return api(false, [&](Lock&) -> CUresult {
+  return api("cuInit", false, [&](Lock&) -> CUresult {
     Driver& d = drv();
     if (flags != 0) return kInvalidValue;
     if (d.cfg.stub) return kStubLibrary;
@@ -686,12 +899,14 @@ CUresult fake_cuInit(unsigned flags) {
 
 CUresult fake_cuDriverGetVersion(int* version) {
   if (version == nullptr) return kInvalidValue;
-  *version = kDriverVersion;
+  Driver& d = drv();
+  Lock lk(d.mu);
+  *version = static_cast<int>(d.cfg.driver_version);
   return kSuccess;
 }
 
 CUresult fake_cuDeviceGetCount(int* count) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuDeviceGetCount", true, [&](Lock&) -> CUresult {
     if (count == nullptr) return kInvalidValue;
     *count = static_cast<int>(drv().cfg.device_count);
     return kSuccess;
@@ -701,7 +916,7 @@ CUresult fake_cuDeviceGetCount(int* count) {
 bool valid_device(CUdevice dev) { return dev >= 0 && dev < drv().cfg.device_count; }
 
 CUresult fake_cuDeviceGet(CUdevice* device, int ordinal) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuDeviceGet", true, [&](Lock&) -> CUresult {
     if (device == nullptr) return kInvalidValue;
     if (!valid_device(ordinal)) return kInvalidDevice;
     *device = ordinal;
@@ -710,7 +925,7 @@ CUresult fake_cuDeviceGet(CUdevice* device, int ordinal) {
 }
 
 CUresult fake_cuDeviceGetName(char* name, int len, CUdevice dev) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuDeviceGetName", true, [&](Lock&) -> CUresult {
     if (name == nullptr || len <= 0) return kInvalidValue;
     if (!valid_device(dev)) return kInvalidDevice;
     std::snprintf(name, static_cast<size_t>(len), "fastload fake CUDA device %d", dev);
@@ -719,7 +934,7 @@ CUresult fake_cuDeviceGetName(char* name, int len, CUdevice dev) {
 }
 
 CUresult fake_cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuDevicePrimaryCtxRetain", true, [&](Lock&) -> CUresult {
     if (ctx == nullptr) return kInvalidValue;
     if (!valid_device(dev)) return kInvalidDevice;
     Device& device = drv().devices[dev];
@@ -731,7 +946,7 @@ CUresult fake_cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
 }
 
 CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuDevicePrimaryCtxRelease", true, [&](Lock&) -> CUresult {
     if (!valid_device(dev)) return kInvalidDevice;
     Device& device = drv().devices[dev];
     if (device.refcount == 0) {
@@ -746,7 +961,7 @@ CUresult fake_cuDevicePrimaryCtxRelease(CUdevice dev) {
 }
 
 CUresult fake_cuCtxSetCurrent(CUcontext ctx) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuCtxSetCurrent", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     if (ctx == nullptr) {
       t_current = nullptr;
@@ -769,7 +984,7 @@ CUresult fake_cuCtxSetCurrent(CUcontext ctx) {
 }
 
 CUresult fake_cuCtxGetCurrent(CUcontext* ctx) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuCtxGetCurrent", true, [&](Lock&) -> CUresult {
     if (ctx == nullptr) return kInvalidValue;
     *ctx = t_current;
     return kSuccess;
@@ -777,7 +992,7 @@ CUresult fake_cuCtxGetCurrent(CUcontext* ctx) {
 }
 
 CUresult fake_cuCtxSynchronize() {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuCtxSynchronize", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     int dev = current_device(d, "cuCtxSynchronize", &err);
@@ -797,7 +1012,7 @@ CUresult fake_cuCtxSynchronize() {
 }
 
 CUresult fake_cuStreamCreate(CUstream* stream, unsigned flags) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuStreamCreate", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     int dev = current_device(d, "cuStreamCreate", &err);
@@ -816,7 +1031,7 @@ CUresult fake_cuStreamCreate(CUstream* stream, unsigned flags) {
 }
 
 CUresult fake_cuStreamDestroy(CUstream h) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuStreamDestroy", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     if (is_default_handle(h)) {
       misuse("cuStreamDestroy of a default stream handle (%p)", static_cast<void*>(h));
@@ -845,7 +1060,7 @@ CUresult fake_cuStreamDestroy(CUstream h) {
 }
 
 CUresult fake_cuStreamWaitEvent(CUstream hs, CUevent he, unsigned flags) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuStreamWaitEvent", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Stream* s = resolve_stream(d, hs, "cuStreamWaitEvent", &err);
@@ -854,6 +1069,8 @@ CUresult fake_cuStreamWaitEvent(CUstream hs, CUevent he, unsigned flags) {
     if (e == nullptr) return err;
     if ((flags & ~kEventWaitFlags) != 0) return kInvalidValue;
     if (!e->recorded) return kSuccess;  // as in CUDA: waiting on a never-recorded event is a no-op
+    if (captured(s)) return kSuccess;
+    implicit_sync(d, s);
     join(s->clock, e->snapshot);
     if (e->stream == s || e->stream->completed >= e->target) return kSuccess;
     Op op;
@@ -867,7 +1084,7 @@ CUresult fake_cuStreamWaitEvent(CUstream hs, CUevent he, unsigned flags) {
 }
 
 CUresult fake_cuStreamSynchronize(CUstream hs) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuStreamSynchronize", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Stream* s = resolve_stream(d, hs, "cuStreamSynchronize", &err);
@@ -880,7 +1097,7 @@ CUresult fake_cuStreamSynchronize(CUstream hs) {
 }
 
 CUresult fake_cuStreamQuery(CUstream hs) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuStreamQuery", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Stream* s = resolve_stream(d, hs, "cuStreamQuery", &err);
@@ -892,7 +1109,7 @@ CUresult fake_cuStreamQuery(CUstream hs) {
 }
 
 CUresult fake_cuEventCreate(CUevent* event, unsigned flags) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuEventCreate", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     int dev = current_device(d, "cuEventCreate", &err);
@@ -900,6 +1117,7 @@ CUresult fake_cuEventCreate(CUevent* event, unsigned flags) {
     if (event == nullptr || (flags & ~kEventFlags) != 0) return kInvalidValue;
     auto* e = new Event;
     e->device = dev;
+    e->timing = !(flags & kEventDisableTiming);
     d.event_handles.insert(e);
     ++d.live_events;
     *event = e;
@@ -908,7 +1126,7 @@ CUresult fake_cuEventCreate(CUevent* event, unsigned flags) {
 }
 
 CUresult fake_cuEventRecord(CUevent he, CUstream hs) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuEventRecord", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Event* e = resolve_event(d, he, "cuEventRecord", &err);
@@ -921,50 +1139,88 @@ CUresult fake_cuEventRecord(CUevent he, CUstream hs) {
              static_cast<void*>(e), e->device, describe_stream(s).c_str());
       return kInvalidHandle;
     }
+    if (inject_failure(d.cfg.fail_event_record_after)) return kOutOfMemory;  // not sticky
+    if (d.cfg.fail_event_record_on != 0 && reinterpret_cast<uintptr_t>(hs) == static_cast<uintptr_t>(d.cfg.fail_event_record_on))
+      return kOutOfMemory;
+    if (captured(s)) return kSuccess;
+    implicit_sync(d, s);
     e->recorded = true;
     e->stream = s;
+    ++e->generation;
+    e->stamped = false;
+    if (e->timing) {  // a timestamp op, taken when the stream reaches it
+      Op op;
+      op.kind = OpKind::kMark;
+      op.seq = advance(d, s).tick;
+      op.mark = e;
+      op.mark_generation = e->generation;
+      push_op(s, op);
+    }
     e->target = s->enqueued;
     e->snapshot = s->clock;
     return kSuccess;
   });
 }
 
-// Shared by cuEventSynchronize and cuEventQuery once the event's work is known complete.
-CUresult event_completed(Driver& d, const Clock& snapshot) {
-  if (inject_failure(d.cfg.fail_event_sync_after)) return kIllegalAddress;
+// Shared by cuEventSynchronize and cuEventQuery once the event's work is known complete. The
+// injected failure stands for a kernel that faulted before the event: sticky, as in CUDA.
+CUresult event_completed(Driver& d, int device, const Clock& snapshot) {
+  if (inject_failure(d.cfg.fail_event_sync_after)) {
+    d.devices[device].sticky = kIllegalAddress;
+    return kIllegalAddress;
+  }
   join(d.host, snapshot);
   return kSuccess;
 }
 
 CUresult fake_cuEventQuery(CUevent he) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuEventQuery", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Event* e = resolve_event(d, he, "cuEventQuery", &err);
     if (e == nullptr) return err;
     if (e->recorded && e->stream->completed < e->target) return kNotReady;
-    return event_completed(d, e->snapshot);
+    return event_completed(d, e->device, e->snapshot);
   });
 }
 
 CUresult fake_cuEventSynchronize(CUevent he) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuEventSynchronize", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Event* e = resolve_event(d, he, "cuEventSynchronize", &err);
     if (e == nullptr) return err;
-    if (!e->recorded) return event_completed(d, Clock{});
+    if (!e->recorded) return event_completed(d, e->device, Clock{});
     // Copied: another thread may re-record or destroy the event while this one waits.
     const Stream* s = e->stream;
     uint64_t target = e->target;
     Clock snapshot = e->snapshot;
+    const int device = e->device;
     if (!wait_for_ops(d, lk, s, target)) return kDeinitialized;
-    return event_completed(d, snapshot);
+    if (d.devices[device].sticky != kSuccess) return d.devices[device].sticky;  // faulted meanwhile
+    return event_completed(d, device, snapshot);
+  });
+}
+
+CUresult fake_cuEventElapsedTime(float* ms, CUevent hstart, CUevent hend) {
+  return api("cuEventElapsedTime", true, [&](Lock&) -> CUresult {
+    Driver& d = drv();
+    CUresult err = kSuccess;
+    Event* a = resolve_event(d, hstart, "cuEventElapsedTime", &err);
+    if (a == nullptr) return err;
+    Event* b = resolve_event(d, hend, "cuEventElapsedTime", &err);
+    if (b == nullptr) return err;
+    if (ms == nullptr) return kInvalidValue;
+    if (!a->timing || !b->timing || !a->recorded || !b->recorded) return kInvalidHandle;
+    if (a->stream->completed < a->target || b->stream->completed < b->target) return kNotReady;
+    if (!a->stamped || !b->stamped) return kNotReady;
+    *ms = std::chrono::duration<float, std::milli>(b->stamp - a->stamp).count();
+    return kSuccess;
   });
 }
 
 CUresult fake_cuEventDestroy(CUevent he) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuEventDestroy", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Event* e = resolve_event(d, he, "cuEventDestroy", &err);
@@ -1000,14 +1256,14 @@ CUresult allocate(Driver& d, size_t bytes, bool pinned, int device, unsigned fla
 }
 
 CUresult fake_cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuMemAlloc", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     int dev = current_device(d, "cuMemAlloc", &err);
     if (dev < 0) return err;
     if (dptr == nullptr || bytes == 0) return kInvalidValue;
     size_t total = static_cast<size_t>(d.cfg.total_memory);
-    size_t used = d.devices[dev].allocated;
+    size_t used = d.devices[dev].allocated + static_cast<size_t>(d.cfg.other_allocator_bytes);
     if (used > total || bytes > total - used) return kOutOfMemory;
     if (inject_failure(d.cfg.fail_alloc_after)) return kOutOfMemory;
     void* p = nullptr;
@@ -1018,7 +1274,7 @@ CUresult fake_cuMemAlloc(CUdeviceptr* dptr, size_t bytes) {
 }
 
 CUresult fake_cuMemHostAlloc(void** pp, size_t bytes, unsigned flags) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuMemHostAlloc", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     int dev = current_device(d, "cuMemHostAlloc", &err);
@@ -1069,9 +1325,9 @@ Allocation* allocation_to_free(Driver& d, uintptr_t p, bool pinned, const char* 
              wanted);
     return nullptr;
   }
-  if (a->pinned != pinned) {
+  if (a->pinned != pinned || a->registered) {
     misuse("%s(0x%llx) of memory from %s", fn, static_cast<unsigned long long>(p),
-           pinned ? "cuMemAlloc" : "cuMemHostAlloc");
+           a->registered ? "cuMemHostRegister" : pinned ? "cuMemAlloc" : "cuMemHostAlloc");
     return nullptr;
   }
   if (!a->live) {
@@ -1082,7 +1338,7 @@ Allocation* allocation_to_free(Driver& d, uintptr_t p, bool pinned, const char* 
 }
 
 CUresult fake_cuMemFree(CUdeviceptr dptr) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuMemFree", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     if (dptr == 0) return kSuccess;
     Allocation* a = allocation_to_free(d, static_cast<uintptr_t>(dptr), false, "cuMemFree");
@@ -1092,7 +1348,7 @@ CUresult fake_cuMemFree(CUdeviceptr dptr) {
 }
 
 CUresult fake_cuMemFreeHost(void* p) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuMemFreeHost", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     if (p == nullptr) return kSuccess;
     Allocation* a = allocation_to_free(d, reinterpret_cast<uintptr_t>(p), true, "cuMemFreeHost");
@@ -1101,15 +1357,73 @@ CUresult fake_cuMemFreeHost(void* p) {
   });
 }
 
+// Page-locks the caller's own memory (memory it mapped; the stand-in neither maps nor unmaps it).
+CUresult fake_cuMemHostRegister(void* p, size_t bytes, unsigned flags) {
+  return api("cuMemHostRegister", true, [&](Lock&) -> CUresult {
+    Driver& d = drv();
+    CUresult err = kSuccess;
+    int dev = current_device(d, "cuMemHostRegister", &err);
+    if (dev < 0) return err;
+    if (p == nullptr || bytes == 0 || (flags & ~kHostRegisterFlags) != 0) return kInvalidValue;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+    if (base > UINTPTR_MAX - bytes) return kInvalidValue;
+    // Overlapping a live registration or allocation: refused, as CUDA does.
+    auto it = d.allocations.lower_bound(base + bytes);
+    if (it != d.allocations.begin()) {
+      --it;
+      const Allocation* a = it->second;
+      if (a->live && a->base + a->mapped > base) return kHostMemoryAlreadyRegistered;
+    }
+    auto* a = new Allocation;
+    a->base = base;
+    a->size = bytes;
+    a->mapped = bytes;
+    a->pinned = true;
+    a->registered = true;
+    a->device = dev;
+    a->flags = flags;
+    // A freed registration at this address is forgotten: host memory may be mapped there again.
+    d.allocations.insert_or_assign(base, a);
+    d.registered_bytes += static_cast<long long>(bytes);
+    return kSuccess;
+  });
+}
+
+CUresult fake_cuMemHostUnregister(void* p) {
+  return api("cuMemHostUnregister", true, [&](Lock& lk) -> CUresult {
+    Driver& d = drv();
+    const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+    auto it = d.allocations.find(base);
+    if (it == d.allocations.end() || !it->second->registered || !it->second->live) {
+      misuse("cuMemHostUnregister(%p) of memory that cuMemHostRegister did not page-lock", p);
+      return kHostMemoryNotRegistered;
+    }
+    Allocation* a = it->second;
+    const Access* unsynced = nullptr;
+    for (const Access& u : a->users)
+      if (!happens_before(u, d.host)) unsynced = &u;
+    if (a->in_flight > 0 || unsynced != nullptr)
+      misuse("unregistered while in use by a queued copy: cuMemHostUnregister(%p) while a copy on %s was not "
+             "waited for",
+             p, unsynced ? describe_timeline(unsynced->timeline).c_str() : "a stream");
+    a->live = false;
+    d.registered_bytes -= static_cast<long long>(a->size);
+    d.progress.wait(lk, [&] { return d.shutdown || a->in_flight == 0; });
+    if (d.shutdown) return kDeinitialized;
+    d.allocations.erase(it);  // the Allocation itself is leaked: finished ops may still name it
+    return kSuccess;
+  });
+}
+
 CUresult fake_cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuMemGetInfo", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     int dev = current_device(d, "cuMemGetInfo", &err);
     if (dev < 0) return err;
     if (free_bytes == nullptr || total_bytes == nullptr) return kInvalidValue;
     size_t total = static_cast<size_t>(d.cfg.total_memory);
-    size_t used = d.devices[dev].allocated;
+    size_t used = d.devices[dev].allocated + static_cast<size_t>(d.cfg.other_allocator_bytes);
     *total_bytes = total;
     *free_bytes = used >= total ? 0 : total - used;
     return kSuccess;
@@ -1146,7 +1460,7 @@ Allocation* device_range(Driver& d, const Stream* s, uintptr_t p, size_t n, cons
 }
 
 CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, CUstream hs) {
-  return api(true, [&](Lock&) -> CUresult {
+  return api("cuMemcpyHtoDAsync", true, [&](Lock&) -> CUresult {
     Driver& d = drv();
     const char* fn = "cuMemcpyHtoDAsync";
     CUresult err = kSuccess;
@@ -1161,7 +1475,7 @@ CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, 
     }
     if (pin == nullptr || !pin->pinned || !range_inside(*pin, src_addr, bytes)) {
       misuse("source not page-locked: %s of %zu bytes from %p, which is not entirely inside one "
-             "cuMemHostAlloc block",
+             "cuMemHostAlloc block or cuMemHostRegister range",
              fn, bytes, src);
       return kInvalidValue;
     }
@@ -1173,10 +1487,14 @@ CUresult fake_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, 
     }
     Allocation* dev = device_range(d, s, static_cast<uintptr_t>(dst), bytes, fn, "destination");
     if (dev == nullptr) return kInvalidValue;
-    if (inject_failure(d.cfg.fail_copy_after)) return kLaunchFailed;
+    // A copy refused in a way that leaves the context usable (the launch errors a real driver
+    // returns here come from an earlier kernel's fault and are sticky: see fake_cuda_fault).
+    if (inject_failure(d.cfg.fail_copy_after)) return kUnknown;
+    if (captured(s)) return kSuccess;
     if (!(s->flags & kStreamNonBlocking))
       misuse("copy on a blocking stream: %s on %s, created without CU_STREAM_NON_BLOCKING", fn,
              describe_stream(s).c_str());
+    implicit_sync(d, s);
     Access me = advance(d, s);
     size_t offset = static_cast<size_t>(dst) - dev->base;
     if (auto c = shadow_write(dev->shadow, offset, offset + bytes, me, s->clock))
@@ -1225,6 +1543,8 @@ CUresult copy_to_host(Driver& d, Lock& lk, Stream* s, void* dst, CUdeviceptr src
     misuse("%s: copy range past the end of an allocation (destination %p + %zu bytes)", fn, dst, bytes);
     return kInvalidValue;
   }
+  if (captured(s)) return kSuccess;
+  implicit_sync(d, s);
   Access me = advance(d, s);
   Clock clock = s->clock;
   size_t offset = static_cast<size_t>(src) - dev->base;
@@ -1253,7 +1573,7 @@ CUresult copy_to_host(Driver& d, Lock& lk, Stream* s, void* dst, CUdeviceptr src
 }
 
 CUresult fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream hs) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuMemcpyDtoHAsync", true, [&](Lock& lk) -> CUresult {
     Driver& d = drv();
     CUresult err = kSuccess;
     Stream* s = resolve_stream(d, hs, "cuMemcpyDtoHAsync", &err);
@@ -1264,80 +1584,164 @@ CUresult fake_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstre
 }
 
 CUresult fake_cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t bytes) {
-  return api(true, [&](Lock& lk) -> CUresult {
+  return api("cuMemcpyDtoH", true, [&](Lock& lk) -> CUresult {
     if (bytes == 0) return kSuccess;
     return copy_to_host(drv(), lk, nullptr, dst, src, bytes, true, "cuMemcpyDtoH");
   });
 }
 
-CUresult get_proc_address(const char* symbol, void** pfn, int* status);
+// ---- Stream capture (the part a loader meets: who may call what while a user captures a graph).
 
-CUresult fake_cuGetProcAddress_v2(const char* symbol, void** pfn, int /*cudaVersion*/,
+CUresult fake_cuThreadExchangeStreamCaptureMode(int* mode) {
+  return api("cuThreadExchangeStreamCaptureMode", true, [&](Lock&) -> CUresult {
+    if (mode == nullptr || *mode < kCaptureGlobal || *mode > kCaptureRelaxed) return kInvalidValue;
+    std::swap(*mode, t_capture_mode);
+    return kSuccess;
+  });
+}
+
+CUresult fake_cuStreamBeginCapture(CUstream hs, int mode) {
+  return api("cuStreamBeginCapture", true, [&](Lock&) -> CUresult {
+    Driver& d = drv();
+    CUresult err = kSuccess;
+    if (reinterpret_cast<uintptr_t>(hs) == 0 || reinterpret_cast<uintptr_t>(hs) == kStreamLegacy)
+      return kCaptureUnsupported;  // the legacy stream cannot be captured
+    Stream* s = resolve_stream(d, hs, "cuStreamBeginCapture", &err);
+    if (s == nullptr) return err;
+    if (mode < kCaptureGlobal || mode > kCaptureRelaxed) return kInvalidValue;
+    if (captured(s)) return kIllegalState;
+    s->capture_mode = mode;
+    s->capture_invalidated = false;
+    s->capturer = std::this_thread::get_id();
+    d.capturing.push_back(s);
+    return kSuccess;
+  });
+}
+
+// *graph gets a placeholder handle (the stand-in builds no graph), or null when the capture was
+// invalidated (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED).
+CUresult fake_cuStreamEndCapture(CUstream hs, void** graph) {
+  return api("cuStreamEndCapture", true, [&](Lock&) -> CUresult {
+    Driver& d = drv();
+    CUresult err = kSuccess;
+    Stream* s = resolve_stream(d, hs, "cuStreamEndCapture", &err);
+    if (s == nullptr) return err;
+    if (graph == nullptr) return kInvalidValue;
+    if (!captured(s)) return kIllegalState;
+    if (s->capturer != std::this_thread::get_id() && s->capture_mode != kCaptureRelaxed) return kCaptureWrongThread;
+    d.capturing.erase(std::find(d.capturing.begin(), d.capturing.end(), s));
+    s->capture_mode = -1;
+    static int placeholder;
+    *graph = s->capture_invalidated ? nullptr : &placeholder;
+    return s->capture_invalidated ? kCaptureInvalidated : kSuccess;
+  });
+}
+
+// *status: 0 none, 1 active, 2 invalidated (CUstreamCaptureStatus).
+CUresult fake_cuStreamIsCapturing(CUstream hs, int* status) {
+  return api("cuStreamIsCapturing", true, [&](Lock&) -> CUresult {
+    Driver& d = drv();
+    CUresult err = kSuccess;
+    Stream* s = resolve_stream(d, hs, "cuStreamIsCapturing", &err);
+    if (s == nullptr) return err;
+    if (status == nullptr) return kInvalidValue;
+    *status = !captured(s) ? 0 : s->capture_invalidated ? 2 : 1;
+    return kSuccess;
+  });
+}
+
+// ---- Entry point lookup, by name and CUDA version.
+
+CUresult get_proc_address(const char* symbol, void** pfn, int version, int* status);
+
+CUresult fake_cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
                                   unsigned long long /*flags*/, int* status) {
-  return get_proc_address(symbol, pfn, status);
+  return get_proc_address(symbol, pfn, cudaVersion, status);
 }
 
-CUresult fake_cuGetProcAddress(const char* symbol, void** pfn, int /*cudaVersion*/,
+CUresult fake_cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                unsigned long long /*flags*/) {
-  return get_proc_address(symbol, pfn, nullptr);
+  return get_proc_address(symbol, pfn, cudaVersion, nullptr);
 }
 
+// `since`: the CUDA version whose ABI the stand-in's implementation has (the one cuda.h's _v2,
+// _v3 ... #defines select from that version on). As in CUDA, asking for an older version finds
+// nothing (there is no older variant here), and a driver older than `since` lacks the symbol.
 struct Entry {
   const char* name;
   void* fn;
+  int since;
 };
 
-#define FAKE_ENTRY(name) {#name, reinterpret_cast<void*>(&fake_##name)}
+#define FAKE_ENTRY(name, since) {#name, reinterpret_cast<void*>(&fake_##name), since}
 
 const Entry kEntries[] = {
-    FAKE_ENTRY(cuGetErrorString),
-    FAKE_ENTRY(cuGetErrorName),
-    FAKE_ENTRY(cuInit),
-    FAKE_ENTRY(cuDriverGetVersion),
-    FAKE_ENTRY(cuDeviceGetCount),
-    FAKE_ENTRY(cuDeviceGet),
-    FAKE_ENTRY(cuDeviceGetName),
-    FAKE_ENTRY(cuDevicePrimaryCtxRetain),
-    FAKE_ENTRY(cuDevicePrimaryCtxRelease),
-    FAKE_ENTRY(cuCtxSetCurrent),
-    FAKE_ENTRY(cuCtxGetCurrent),
-    FAKE_ENTRY(cuCtxSynchronize),
-    FAKE_ENTRY(cuStreamCreate),
-    FAKE_ENTRY(cuStreamDestroy),
-    FAKE_ENTRY(cuStreamWaitEvent),
-    FAKE_ENTRY(cuStreamSynchronize),
-    FAKE_ENTRY(cuStreamQuery),
-    FAKE_ENTRY(cuEventCreate),
-    FAKE_ENTRY(cuEventRecord),
-    FAKE_ENTRY(cuEventQuery),
-    FAKE_ENTRY(cuEventSynchronize),
-    FAKE_ENTRY(cuEventDestroy),
-    FAKE_ENTRY(cuMemAlloc),
-    FAKE_ENTRY(cuMemFree),
-    FAKE_ENTRY(cuMemHostAlloc),
-    FAKE_ENTRY(cuMemFreeHost),
-    FAKE_ENTRY(cuMemcpyHtoDAsync),
-    FAKE_ENTRY(cuMemcpyDtoHAsync),
-    FAKE_ENTRY(cuMemcpyDtoH),
-    FAKE_ENTRY(cuMemGetInfo),
-    {"cuGetProcAddress", reinterpret_cast<void*>(&fake_cuGetProcAddress_v2)},
+    FAKE_ENTRY(cuGetErrorString, 6000),
+    FAKE_ENTRY(cuGetErrorName, 6000),
+    FAKE_ENTRY(cuInit, 2000),
+    FAKE_ENTRY(cuDriverGetVersion, 2020),
+    FAKE_ENTRY(cuDeviceGetCount, 2000),
+    FAKE_ENTRY(cuDeviceGet, 2000),
+    FAKE_ENTRY(cuDeviceGetName, 2000),
+    FAKE_ENTRY(cuDevicePrimaryCtxRetain, 7000),
+    FAKE_ENTRY(cuDevicePrimaryCtxRelease, 11000),
+    FAKE_ENTRY(cuCtxSetCurrent, 4000),
+    FAKE_ENTRY(cuCtxGetCurrent, 4000),
+    FAKE_ENTRY(cuCtxSynchronize, 2000),
+    FAKE_ENTRY(cuStreamCreate, 2000),
+    FAKE_ENTRY(cuStreamDestroy, 4000),
+    FAKE_ENTRY(cuStreamWaitEvent, 3020),
+    FAKE_ENTRY(cuStreamSynchronize, 2000),
+    FAKE_ENTRY(cuStreamQuery, 2000),
+    FAKE_ENTRY(cuEventCreate, 2000),
+    FAKE_ENTRY(cuEventRecord, 2000),
+    FAKE_ENTRY(cuEventQuery, 2000),
+    FAKE_ENTRY(cuEventSynchronize, 2000),
+    FAKE_ENTRY(cuEventElapsedTime, 2000),
+    FAKE_ENTRY(cuEventDestroy, 4000),
+    FAKE_ENTRY(cuMemAlloc, 3020),
+    FAKE_ENTRY(cuMemFree, 3020),
+    FAKE_ENTRY(cuMemHostAlloc, 2020),
+    FAKE_ENTRY(cuMemFreeHost, 2000),
+    FAKE_ENTRY(cuMemHostRegister, 6050),
+    FAKE_ENTRY(cuMemHostUnregister, 4000),
+    FAKE_ENTRY(cuMemcpyHtoDAsync, 3020),
+    FAKE_ENTRY(cuMemcpyDtoHAsync, 3020),
+    FAKE_ENTRY(cuMemcpyDtoH, 3020),
+    FAKE_ENTRY(cuMemGetInfo, 3020),
+    FAKE_ENTRY(cuThreadExchangeStreamCaptureMode, 10010),
+    FAKE_ENTRY(cuStreamBeginCapture, 10010),
+    FAKE_ENTRY(cuStreamEndCapture, 10000),
+    FAKE_ENTRY(cuStreamIsCapturing, 10000),
+    {"cuGetProcAddress", reinterpret_cast<void*>(&fake_cuGetProcAddress_v2), 12000},
 };
 
 #undef FAKE_ENTRY
 
-constexpr int kProcFound = 0;     // CU_GET_PROC_ADDRESS_SUCCESS
-constexpr int kProcNotFound = 1;  // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+constexpr int kProcFound = 0;                // CU_GET_PROC_ADDRESS_SUCCESS
+constexpr int kProcNotFound = 1;             // CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
+constexpr int kProcVersionNotSufficient = 2; // CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
 
-CUresult get_proc_address(const char* symbol, void** pfn, int* status) {
+CUresult get_proc_address(const char* symbol, void** pfn, int version, int* status) {
   if (symbol == nullptr || pfn == nullptr) return kInvalidValue;
-  for (const Entry& e : kEntries) {
-    if (std::strcmp(e.name, symbol) == 0) {
-      *pfn = e.fn;
-      if (status) *status = kProcFound;
-      return kSuccess;
-    }
+  long long driver_version;
+  {
+    Driver& d = drv();
+    Lock lk(d.mu);
+    driver_version = d.cfg.driver_version;
   }
   *pfn = nullptr;
+  for (const Entry& e : kEntries) {
+    if (std::strcmp(e.name, symbol) != 0) continue;
+    if (e.since > driver_version) break;  // this driver predates the symbol
+    if (version < e.since) {
+      if (status) *status = kProcVersionNotSufficient;
+      return kNotFound;
+    }
+    *pfn = e.fn;
+    if (status) *status = kProcFound;
+    return kSuccess;
+  }
   if (status) *status = kProcNotFound;
   return kNotFound;
 }
@@ -1467,6 +1871,8 @@ FAKE_EXPORT long long fake_cuda_stat(const char* key) {
   if (k == "live_streams") return d.live_streams;
   if (k == "live_events") return d.live_events;
   if (k == "copies") return d.copies;
+  if (k == "registered_bytes") return d.registered_bytes;
+  if (k == "capturing") return static_cast<long long>(d.capturing.size());
   if (k == "pending_ops") {
     long long n = 0;
     for (const Stream* s : d.streams) n += static_cast<long long>(s->queue.size());
@@ -1480,4 +1886,90 @@ FAKE_EXPORT long long fake_cuda_stat(const char* key) {
   const ConfigKey* c = find_key(key);
   if (c != nullptr) return d.cfg.*(c->field);
   return -1;
+}
+
+namespace {
+
+// Calls of entry point `name` in `counts`; "implicit_syncs" sums the implicit synchronisation
+// points (is_implicit_sync), which a loader's steady state should not make.
+// `counts` indexed as Driver::calls; called with Driver::mu held.
+long long calls_in(const long long* counts, const char* name) {
+  Driver& d = drv();
+  const bool syncs = std::strcmp(name, "implicit_syncs") == 0;
+  long long n = 0;
+  for (size_t i = 0; i < d.call_names.size(); ++i)
+    if (syncs ? is_implicit_sync(d.call_names[i]) : std::strcmp(d.call_names[i], name) == 0) n += counts[i];
+  return n;
+}
+
+// Enqueues a control op on a stream named as a driver call would name it (0x1, 0x2 included).
+int enqueue_control(void* stream, const char* fn, Op op) {
+  return api(fn, true, [&](Lock&) -> CUresult {
+    Driver& d = drv();
+    CUresult err = kSuccess;
+    Stream* s = resolve_stream(d, static_cast<CUstream>(stream), fn, &err);
+    if (s == nullptr) return err;
+    if (captured(s)) return kSuccess;
+    implicit_sync(d, s);
+    op.seq = advance(d, s).tick;
+    push_op(s, op);
+    return kSuccess;
+  });
+}
+
+}  // namespace
+
+// Calls made so far of a driver entry point (by name, e.g. "cuMemAlloc"), or of all the implicit
+// synchronisation points ("implicit_syncs": allocations, frees, page-locking, context and stream
+// synchronisation, synchronous copies): by the whole process, or by the calling thread only.
+FAKE_EXPORT long long fake_cuda_calls(const char* name) {
+  if (name == nullptr || g_forked.load()) return -1;
+  Driver& d = drv();
+  Lock lk(d.mu);
+  return calls_in(d.calls.data(), name);
+}
+
+FAKE_EXPORT long long fake_cuda_thread_calls(const char* name) {
+  if (name == nullptr || g_forked.load()) return -1;
+  Driver& d = drv();
+  Lock lk(d.mu);
+  return calls_in(t_calls, name);
+}
+
+// Keeps `stream` busy for `us` microseconds once its earlier work has run, as a kernel of a
+// training step would (torch.cuda._sleep). Returns a CUresult.
+FAKE_EXPORT int fake_cuda_stream_sleep(void* stream, long long us) {
+  if (us < 0) return kInvalidValue;
+  Op op;
+  op.kind = OpKind::kSleep;
+  op.sleep_us = us;
+  return enqueue_control(stream, "fake_cuda_stream_sleep", op);
+}
+
+// A kernel on `stream` that faults with `code` (CUDA_ERROR_ILLEGAL_ADDRESS, say) when it runs:
+// from then on every call in that device's context fails with `code`. Returns a CUresult.
+FAKE_EXPORT int fake_cuda_fault(void* stream, int code) {
+  if (code == kSuccess) return kInvalidValue;
+  Op op;
+  op.kind = OpKind::kFault;
+  op.fault = code;
+  return enqueue_control(stream, "fake_cuda_fault", op);
+}
+
+// Tests only: forgets a device's sticky error (CUDA needs a new process or cuDevicePrimaryCtxReset).
+FAKE_EXPORT int fake_cuda_clear_fault(int device) {
+  if (device < 0 || device >= kMaxDevices || g_forked.load()) return -1;
+  Driver& d = drv();
+  Lock lk(d.mu);
+  d.devices[device].sticky = kSuccess;
+  return 0;
+}
+
+// 1 if `p` lies in live page-locked memory (cuMemHostAlloc or cuMemHostRegister), else 0.
+FAKE_EXPORT int fake_cuda_page_locked(const void* p) {
+  if (g_forked.load()) return -1;
+  Driver& d = drv();
+  Lock lk(d.mu);
+  const Allocation* a = find_allocation(d, reinterpret_cast<uintptr_t>(p));
+  return a != nullptr && a->pinned && a->live && range_inside(*a, reinterpret_cast<uintptr_t>(p), 1) ? 1 : 0;
 }
