@@ -184,14 +184,15 @@ def mapping_budget(budget: int) -> Iterator[Any]:
 
 def maps_lazily(files: int) -> bool:
     """Whether a source of this many files should be mapped lazily: more files than the budget,
-    or more than the mappings left free beside the budget (other sources mapped eagerly)."""
+    or more than the mappings left free now (other sources mapped eagerly meanwhile) less room for
+    the cache's budget (at most a quarter of the limit)."""
     budget = mapping_cache().budget
     if files > budget:
         return True
     if files <= 1024:  # far below any limit: no need to read /proc/self/maps
         return False
     limit, used = _max_map_count(), _mappings_in_use()
-    return limit is not None and used is not None and files > limit - used - budget
+    return limit is not None and used is not None and files > limit - used - min(budget, limit // 4)
 
 
 class LazyTable:
