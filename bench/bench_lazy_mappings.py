@@ -53,13 +53,16 @@ with ctx as cache:
     kind = type(getattr(ds, "_maps", None)).__name__
     times = []
     for epoch in range(epochs + 1):
+        if epoch == 1:
+            warm = cache.stats() if cache is not None else {}
         t = time.perf_counter()
         for b in loader:
             pass
         if epoch:
             times.append(time.perf_counter() - t)
     stats = cache.stats() if cache is not None else {}
-print(json.dumps({"kind": kind, "epoch_s": sorted(times)[len(times) // 2], "stats": stats}))
+maps = (stats["maps"] - warm["maps"]) / epochs if stats else None  # in the timed epochs
+print(json.dumps({"kind": kind, "epoch_s": sorted(times)[len(times) // 2], "maps_per_epoch": maps}))
 """
 
 
@@ -93,6 +96,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--baseline-python", default=None, help="a Python whose fastload's eager path is compared")
     ap.add_argument("--dataset", action="append", default=None, help="only datasets whose name contains TEXT")
+    ap.add_argument("--alt", action="append", default=None,
+                    help="only alternatives whose name starts with TEXT (\"eager\" is always run)")
     args = ap.parse_args()
     for name in DATASETS:
         if args.dataset and not any(t in name for t in args.dataset):
@@ -108,6 +113,9 @@ def main() -> None:
                         "lazy, budget = files / 4, order=block": ("block", files // 4)}
         if args.baseline_python:
             alternatives["eager, baseline build"] = ("random", 1 << 30)
+        if args.alt:
+            alternatives = {a: v for a, v in alternatives.items()
+                            if a == "eager" or any(a.startswith(t) for t in args.alt)}
         results: dict[str, list[dict]] = {a: [] for a in alternatives}
         for r in range(args.rounds):
             for alt, (order, budget) in alternatives.items():
@@ -121,11 +129,12 @@ def main() -> None:
               "maps per epoch |")
         print("| --- | --- | --- | --- | --- |")
         for alt, ms in results.items():
-            eager = [m["epoch_s"] for m in results["eager, order=block" if "block" in alt else "eager"]]
+            ref = "eager, order=block" if "block" in alt and "eager, order=block" in results else "eager"
+            eager = [m["epoch_s"] for m in results[ref]]
             t = [m["epoch_s"] for m in ms]
             ratio = [a / b for a, b in zip(t, eager)]
-            maps = ms[-1]["stats"].get("maps")  # the warm-up epoch included
-            per_epoch = f"{maps / (args.epochs + 1):,.0f}" if maps is not None and ms[-1]["kind"] != "list" else "-"
+            maps = ms[-1]["maps_per_epoch"]
+            per_epoch = f"{maps:,.0f}" if maps is not None and ms[-1]["kind"] != "list" else "-"
             print(f"| {alt} | {ms[-1]['kind']} | {statistics.median(t):.3f} ({min(t):.3f}-{max(t):.3f}) | "
                   f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f}) | {per_epoch} |")
 

@@ -285,6 +285,27 @@ def test_a_lazy_ragged_offsets_file_that_is_corrupt_is_named(tmp_path):
                 pass
 
 
+def test_a_forked_child_reads_a_lazy_source_through_its_own_cache(tmp_path):
+    x, y, r = write_dir(tmp_path / "d", 40)
+    with _mapping.mapping_budget(4):
+        ds = fl.Dataset.open(tmp_path / "d")
+        for b in fl.Loader(ds, 8, shuffle=True, device="cpu", num_threads=2, with_index=True):
+            check_batch(b, x, y, r)  # the parent's cache holds mappings, its threads have run
+        pid = os.fork()
+        if pid == 0:  # the child: its own LazyFiles and cache, never the parent's lock
+            status = 1
+            try:
+                for b in fl.Loader(ds, 8, shuffle=True, device="cpu", num_threads=2, with_index=True):
+                    check_batch(b, x, y, r)
+                status = 0 if _mapping.mapping_cache().stats()["maps"] > 0 else 2
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        for b in fl.Loader(ds, 8, device="cpu", with_index=True):  # the parent's still works
+            check_batch(b, x, y, r)
+
+
 # -------------------------------------------------------------------- past vm.max_map_count
 MANY = """
     import os, resource, sys, numpy as np, fastload as fl

@@ -1,6 +1,8 @@
 // Mappings made on demand under a budget; see lazy_mappings.h.
 #include "core/lazy_mappings.h"
 
+#include "core/fork_guard.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -175,7 +177,10 @@ void MappingCache::note_locked() {
 }
 
 LazyFiles::LazyFiles(std::shared_ptr<MappingCache> cache, std::vector<LazyFile> files)
-    : cache_(std::move(cache)), files_(std::move(files)), slots_(new MappingCache::Slot[files_.size()]) {
+    : cache_(std::move(cache)),
+      files_(std::move(files)),
+      slots_(new MappingCache::Slot[files_.size()]),
+      fork_generation_(fork_generation()) {
   if (!cache_) throw std::invalid_argument("LazyFiles needs a MappingCache");
   if (files_.size() > static_cast<size_t>(INT32_MAX)) throw std::invalid_argument("too many files to map lazily");
 }
@@ -183,6 +188,11 @@ LazyFiles::LazyFiles(std::shared_ptr<MappingCache> cache, std::vector<LazyFile> 
 LazyFiles::~LazyFiles() {
   // No pins can remain: the column holding this object is gone, and with it every gather.
   MappingCache::Victims victims;
+  if (fork_generation() != fork_generation_) {  // a forked child: the lock may be held forever
+    for (size_t i = 0; i < files_.size(); ++i)
+      if (slots_[i].state == MappingCache::Slot::kMapped) victims.add(slots_[i].addr, slots_[i].length);
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(cache_->mutex_);
     for (size_t i = 0; i < files_.size(); ++i) {
@@ -260,6 +270,9 @@ void LazyFiles::unpin_locked(int32_t i, MappingCache::Victims& victims) {
 }
 
 void LazyFiles::pin(const int32_t* ids, int n, const std::byte** data) {
+  if (fork_generation() != fork_generation_)
+    throw std::runtime_error("files mapped on demand by the parent process cannot be read in a forked child: "
+                             "open the source again in the child");
   std::unique_lock<std::mutex> lock(cache_->mutex_);
   int done = 0;
   try {

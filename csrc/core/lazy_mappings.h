@@ -76,7 +76,10 @@ class MappingCache {
 
 // A fixed list of files mapped through one MappingCache. Pins are counted per file; pin() maps a
 // file not mapped (on the calling thread, without the cache's lock), after checking that it is
-// the file described. Every file is unmapped by the time the object dies.
+// the file described. Every file is unmapped by the time the object dies. In a child made by
+// fork() the cache's lock may be held by a thread that did not survive: pin() then refuses
+// (std::runtime_error) before taking it, and the destructor unmaps without it; the Python layer
+// makes a new LazyFiles in the child.
 class LazyFiles {
  public:
   LazyFiles(std::shared_ptr<MappingCache> cache, std::vector<LazyFile> files);
@@ -106,6 +109,7 @@ class LazyFiles {
   std::shared_ptr<MappingCache> cache_;
   std::vector<LazyFile> files_;
   std::unique_ptr<MappingCache::Slot[]> slots_;
+  uint64_t fork_generation_;
 };
 
 // RAII pins of up to `capacity` files of one LazyFiles: unpinned when it goes out of scope, so an

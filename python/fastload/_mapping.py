@@ -209,9 +209,20 @@ class LazyTable:
         table[:, 1] = np.asarray(sizes, dtype=np.int64).reshape(n)
         table[:, 2:] = np.asarray(identities, dtype=np.int64).reshape(n, 4)
         self.paths = [os.fspath(p) for p in paths]
-        self.files = _C.LazyFiles(mapping_cache(), self.paths, table)
+        self._table = table
+        self._files = _C.LazyFiles(mapping_cache(), self.paths, table)
+        self._pid = os.getpid()
         self.identities = table[:, 2:].copy()
         self.checks = FileChecks(self.paths, self.identities)
+
+    @property
+    def files(self) -> Any:
+        """The native LazyFiles; a forked child gets its own (the parent's cache lock may be held by
+        a thread that did not survive the fork), through the child's cache."""
+        if self._pid != os.getpid():
+            self._files = _C.LazyFiles(mapping_cache(), self.paths, self._table)
+            self._pid = os.getpid()
+        return self._files
 
     def __len__(self) -> int:
         return len(self.paths)

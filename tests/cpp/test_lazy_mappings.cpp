@@ -4,6 +4,7 @@
 // from memory.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -306,6 +307,32 @@ TEST_CASE(lazy_gather_from_threads_sharing_one_cache) {
   CHECK(bad.load() == 0);
   CHECK_MSG(s.peak_excess <= 0 && s.pinned == 0 && s.live <= 4 && s.evictions > 0,
             "peak_excess " << s.peak_excess << " live " << s.live << " evictions " << s.evictions);
+}
+
+TEST_CASE(lazy_mappings_refuse_a_forked_child_instead_of_taking_a_lock_it_may_never_get) {
+  TempDir dir;
+  auto cache = std::make_shared<MappingCache>(4);
+  auto files = std::make_shared<LazyFiles>(cache, make_files(dir, 3, 2));
+  const int32_t ids[2] = {0, 1};
+  const std::byte* data[2];
+  files->pin(ids, 2, data);  // held across the fork, as by a collation thread of the parent
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int status = 0;
+    try {
+      files->pin(ids, 1, data);
+      status = 1;  // should have thrown
+    } catch (const std::runtime_error& e) {
+      status = std::string(e.what()).find("forked child") == std::string::npos ? 2 : 0;
+    }
+    files.reset();  // unmaps without the lock
+    ::_exit(status);
+  }
+  int status = -1;
+  ::waitpid(pid, &status, 0);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status " << status);
+  files->unpin(ids, 2);
+  CHECK(cache->stats().pinned == 0);
 }
 
 int main(int argc, char** argv) { return harness::run_cases(argc, argv, "test_lazy_mappings"); }
