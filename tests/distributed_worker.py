@@ -307,7 +307,31 @@ def mode_group(cfg: dict[str, Any], out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-MODES = {"shard": mode_shard, "ddp": mode_ddp, "elastic_save": mode_elastic_save,
+def mode_mix(cfg: dict[str, Any], out_dir: str) -> None:
+    """A Mix under torchrun: steps with an all_reduce per step (ranks must agree on the number of
+    steps), the batches' ids and sources, and the state after k steps."""
+    init_dist()
+    rank = dist.get_rank()
+    parts = {f"s{j}": fl.Dataset({"x": np.arange(off, off + n, dtype=np.int64)})
+             for j, (n, off) in enumerate(zip(cfg["lengths"], cfg["offsets"]))}
+    mix = fl.Mix(parts, cfg["weights"], with_source=True)
+    loader = fl.Loader(mix, cfg["B"], steps=cfg["steps"], shuffle=True, seed=cfg["seed"], with_index=True,
+                       device="cpu", num_threads=1)
+    batches, state = [], None
+    for k, batch in enumerate(loader):
+        total = torch.tensor([len(batch["x"])])
+        dist.all_reduce(total)  # a rank with fewer steps would leave the others waiting here
+        batches.append({"ids": batch["index"].tolist(), "sources": batch["source"].tolist(),
+                        "rows_match": bool(torch.equal(batch["x"], batch["index"])), "total": int(total)})
+        if k + 1 == cfg["save_at"]:
+            state = loader.state_dict()
+    write(out_dir, "mix", rank, {"rank": loader.rank, "world_size": loader.world_size, "len": len(loader),
+                                 "batches": batches, "state": state})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+MODES = {"mix": mode_mix, "shard": mode_shard, "ddp": mode_ddp, "elastic_save": mode_elastic_save,
          "elastic_resume": mode_elastic_resume, "split": mode_split, "group": mode_group}
 
 

@@ -109,6 +109,30 @@ def test_windows_and_mask_on_the_device(driver):
     assert n == len(loader)
 
 
+def test_a_mix_on_the_device_is_the_cpu_mix(driver):
+    # A Mix with its "source" part, in steps, on two devices after split(): every part copied
+    # matches the CPU loader's batch and numpy indexing of the sources.
+    parts = {f"s{j}": np.arange(j * 1000, j * 1000 + n, dtype=np.int32) for j, n in enumerate([300, 40, 90])}
+    mix = fl.Mix({k: fl.Dataset({"x": v}) for k, v in parts.items()}, {"s0": 5, "s1": 2, "s2": 3}, with_source=True)
+    everything = np.concatenate(list(parts.values()))
+    kw = dict(shuffle=True, seed=4, with_index=True, steps=25, prefetch=3)
+    cpu = fl.Loader(mix, 10, device="cpu", **kw)
+    cpu_its = cpu.split(["cpu", "cpu"])
+    gpu = gpu_loader(mix, 10, streams=2, **kw)
+    gpu_its = gpu.split(["cuda:0", "cuda:0"])
+    for d in range(2):
+        n = 0
+        for a, b in zip(cpu_its[d], gpu_its[d]):
+            ids = read(b["index"], np.int64)
+            np.testing.assert_array_equal(ids, a["index"].numpy())
+            np.testing.assert_array_equal(read(b["source"], np.int64), a["source"].numpy())
+            np.testing.assert_array_equal(read(b["x"], np.int32), everything[ids])
+            np.testing.assert_array_equal(np.bincount(read(b["source"], np.int64), minlength=3), [5, 2, 3])
+            n += 1
+        assert n == 25
+    assert [s.samples for s in gpu.stats().sources.values()] == [250, 100, 150]
+
+
 def test_the_order_is_the_cpu_order(driver):
     x = np.arange(1000)
     kw = dict(shuffle=True, seed=11, with_index=True, prefetch=3)

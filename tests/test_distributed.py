@@ -473,3 +473,29 @@ def test_process_group_subgroups(tmp_path):
     for r, out in enumerate(ranks):
         assert out["errors"]["not_member"] is not None and out["errors"]["not_member"].startswith("ValueError"), \
             f"rank {r}: a process_group this rank is not in should be a ValueError, got {out['errors']['not_member']}"
+
+
+# ---------------------------------------------------------------------------- a Mix under torchrun
+def test_mix_ranks_under_torchrun(tmp_path):
+    """Two ranks read a 3-source Mix in steps: equal step counts (an all_reduce every step), each
+    rank's batches those of the in-process loader at its rank, disjoint positions covering every
+    global step, the proportions in every batch, and a state every rank agrees on."""
+    lengths, weights, b, steps, world = [30, 7, 12], [5, 2, 1], 4, 9, 2
+    offsets = [0, 30, 37]
+    cfg = {"lengths": lengths, "offsets": offsets, "weights": weights, "B": b, "steps": steps, "seed": 3,
+           "save_at": 5}
+    ranks = launch(tmp_path, "mix", world, cfg)
+    mix = fl.Mix({f"s{j}": fl.Dataset({"x": np.arange(o, o + n, dtype=np.int64)})
+                  for j, (n, o) in enumerate(zip(lengths, offsets))}, weights)
+    single = fl.Loader(mix, b * world, steps=steps, shuffle=True, seed=3).plan().reshape(steps, b * world)
+    for r, out in enumerate(ranks):
+        assert (out["rank"], out["world_size"], out["len"]) == (r, world, steps)
+        assert len(out["batches"]) == steps
+        expected = fl.Loader(mix, b, steps=steps, shuffle=True, seed=3, rank=r, world_size=world).plan()
+        assert [i for bt in out["batches"] for i in bt["ids"]] == expected.tolist()
+        for s, bt in enumerate(out["batches"]):
+            assert bt["rows_match"] and bt["total"] == b * world
+            assert bt["ids"] == single[s][r::world].tolist()
+            counts = np.bincount(bt["sources"], minlength=3)
+            assert all(abs(c - b * w / sum(weights)) < 1 for c, w in zip(counts, weights))
+    assert ranks[0]["state"] == ranks[1]["state"] and ranks[0]["state"]["step"] == 5

@@ -285,6 +285,32 @@ def test_a_lazy_ragged_offsets_file_that_is_corrupt_is_named(tmp_path):
                 pass
 
 
+def test_a_mix_reads_lazily_mapped_sources_like_eager_ones(tmp_path):
+    # The mixture gathers from each child source natively: a lazily mapped child is no different.
+    paths, _ = token_files(tmp_path / "t", 80, seed=2)
+    big = np.arange(4000, dtype=np.uint16) % 997
+    big.tofile(tmp_path / "big.bin")
+
+    def batches(budget):
+        with _mapping.mapping_budget(budget):
+            lazy = fl.Windows.from_files(paths, np.uint16, 5, 3)
+            eager = fl.Windows.from_files([str(tmp_path / "big.bin")], np.uint16, 5, 3)
+            kinds = (type(lazy._tokens).__name__, type(eager._tokens).__name__)
+            mix = fl.Mix({"many": lazy, "one": eager}, weights={"many": 0.5, "one": 0.5}, with_source=True)
+            loader = fl.Loader(mix, 16, steps=30, shuffle=True, seed=7, device="cpu", num_threads=3,
+                               with_index=True)
+            return kinds, [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
+
+    (lazy_kind, _), got = batches(6)
+    (eager_kind, _), want = batches(1 << 20)
+    assert (lazy_kind, eager_kind) == ("TokenFiles", "list")
+    assert len(got) == len(want) == 30
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in g:
+            np.testing.assert_array_equal(g[k], w[k])
+
+
 def test_a_forked_child_reads_a_lazy_source_through_its_own_cache(tmp_path):
     x, y, r = write_dir(tmp_path / "d", 40)
     with _mapping.mapping_budget(4):

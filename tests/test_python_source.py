@@ -346,6 +346,7 @@ def test_collate_fn_is_the_escape_hatch_and_worker_init_fn_runs_once_per_worker(
         seen.append((worker, threading.get_ident()))
 
     def collate(samples):
+        time.sleep(0.03)  # long enough that the second thread always gets a batch to build (and runs init)
         return {"sum": sum(s["v"] for s in samples), "n": len(samples)}
 
     loader = fl.Loader([{"v": i} for i in range(20)], 5, device="cpu", collate_fn=collate, num_workers=2,
@@ -404,6 +405,26 @@ def test_stats_show_time_in_user_code_apart_from_collation():
     assert fl.Loader(fl.Dataset({"x": np.zeros(8)}), 4, device="cpu").stats().user_s == 0
 
 
+def test_user_time_of_fast_samples_is_most_of_the_workers_time_and_never_more():
+    # __getitem__ is not timed call by call (two clock reads per sample would cost a sixth of a
+    # small sample): the batch's loop is timed whole, less fastload's writes sampled one in 8. The
+    # estimate must still be most of the workers' busy time, never more.
+    class Busy:
+        def __len__(self):
+            return 4096
+
+        def __getitem__(self, i):
+            total = 0
+            for k in range(200):  # a few µs of pure Python, the same for every sample
+                total += k * i
+            return {"v": total}
+
+    loader = fl.Loader(Busy(), 64, device="cpu", num_workers=1)
+    list(loader)
+    s = loader.stats()
+    assert 0.5 * s.collation.busy_s <= s.user_s <= s.collation.busy_s + 1e-3, (s.user_s, s.collation.busy_s)
+
+
 def test_breaking_out_and_dropping_the_loader_stop_its_threads():
     from conftest import native_thread_count
 
@@ -450,6 +471,27 @@ def test_ctrl_c_in_the_loop_and_exit_with_a_thread_still_iterating_are_clean():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "interrupted" in proc.stdout and "exiting" in proc.stdout
     assert "terminate called" not in proc.stderr
+
+
+def test_exit_while_worker_threads_are_inside_torch_ops_is_clean():
+    # A worker thread still inside a torch op when the interpreter finalizes aborts the process
+    # ("terminate called without an active exception") unless it is parked first.
+    proc = _run("""
+        import threading, time, numpy as np, torch, fastload as fl
+        class Heavy:
+            def __len__(self): return 1_000_000
+            def __getitem__(self, i):
+                x = torch.full((128, 128), 0.01)
+                for _ in range(10):
+                    x = torch.tanh(x @ x)
+                return {"x": x[0].numpy(), "s": torch.stack([x[0], x[1]])}
+        loader = fl.Loader(Heavy(), 8, device="cpu", num_workers=2)
+        threading.Thread(target=lambda: [None for _ in loader], daemon=True).start()
+        time.sleep(1.0)
+        print("exiting")
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "exiting" in proc.stdout and "terminate called" not in proc.stderr
 
 
 def test_a_python_source_through_the_stand_in_gpu_engine():

@@ -92,6 +92,102 @@ def test_collate_fn_and_getitems_run_in_the_workers():
     procs.close()
 
 
+@pytest.mark.slow
+def test_ranks_with_process_workers_get_the_thread_workers_batches():
+    kw = dict(batch_size=6, shuffle=True, seed=3, device="cpu", with_index=True, rank=1, world_size=2, even="mask")
+    procs = fl.Loader(Records(n=41), num_workers=3, workers="processes", **kw)
+    same(batches(procs), batches(fl.Loader(Records(n=41), num_workers=1, **kw)))
+    procs.close()
+
+
+class MarksItsDeath:
+    """Writes the time to a file, then ends its worker process without a word at sample `at`."""
+
+    def __init__(self, path, at):
+        self.path, self.at = path, at
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        if i == self.at:
+            with open(self.path, "w") as f:
+                f.write(repr(time.time()))
+            os._exit(9)
+        time.sleep(0.002)
+        return {"v": i}
+
+
+def test_a_worker_death_reaches_the_loop_within_seconds_of_it(tmp_path):
+    loader = fl.Loader(MarksItsDeath(str(tmp_path / "died"), 150), 4, device="cpu", workers="processes",
+                       num_workers=2, prefetch=4)
+    with pytest.raises(RuntimeError, match=r"exited with status 9 while building the batch of dataset\[\d+\]"):
+        batches(loader)
+    raised = time.time()
+    died = float((tmp_path / "died").read_text())
+    assert raised - died < 3.0, f"the error came {raised - died:.1f} s after the worker died"
+    pids = loader._workers.pids()
+    loader.close()
+    assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_ctrl_c_while_next_waits_for_a_batch_interrupts_it_and_the_loader_goes_on(kind):
+    # The Ctrl-C lands while the loop is blocked inside next(), waiting for workers that are in
+    # __getitem__ (a batch takes ~0.4 s): next() must raise KeyboardInterrupt promptly, the loader
+    # must start another epoch afterwards, and close() must end everything, with nothing on stderr.
+    proc = _run(f"""
+        import os, signal, threading, time
+        import fastload as fl
+        from test_python_workers import Slow
+        if __name__ == "__main__":
+            loader = fl.Loader(Slow(), 20, device="cpu", workers={kind!r}, num_workers=2, prefetch=2)
+            it = iter(loader)
+            next(it)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            began = time.monotonic()
+            try:
+                while True:
+                    next(it)
+            except KeyboardInterrupt:
+                print("interrupted after", round(time.monotonic() - began, 2))
+            print("again", next(iter(loader))["v"].shape[0])
+            pids = loader._workers.pids() if loader._workers else []
+            began = time.monotonic()
+            loader.close()
+            print("closed in", round(time.monotonic() - began, 2))
+            print("pids", *pids)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert 0.25 <= float(out.split("interrupted after")[1].split()[0]) < 2.0, out
+    assert "again 20" in out and float(out.split("closed in")[1].split()[0]) < 5.0, out
+    pids = [int(p) for p in out.split("pids")[1].split()]
+    assert len(pids) == (2 if kind == "processes" else 0) and not any(alive(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_exit_after_a_worker_died_without_close_leaves_no_process():
+    proc = _run("""
+        import fastload as fl
+        from test_python_workers import Records
+        if __name__ == "__main__":
+            loader = fl.Loader(Records(n=200, die_at=21), 4, device="cpu", workers="processes", num_workers=2)
+            try:
+                list(loader)
+            except RuntimeError as e:
+                print("died:", "exited with status 3" in str(e))
+            print("pids", *loader._workers.pids())  # no close(): the interpreter's exit must end the other one
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "died: True" in proc.stdout
+    pids = [int(p) for p in proc.stdout.split("pids")[1].split()]
+    time.sleep(0.5)
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
 class Batched:
     def __len__(self):
         return 20
@@ -194,6 +290,39 @@ def test_ctrl_c_break_and_exit_with_process_workers_leave_nothing_behind():
     assert len(pids) == 4 and not any(alive(p) for p in pids), "worker processes outlived the interpreter"
 
 
+class Slow:
+    """Picklable: every sample takes 20 ms, so a batch is always being built when the loader closes."""
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return {"v": i}
+
+
+def test_closing_while_workers_build_batches_is_silent_and_ends_them():
+    # Workers replying to a loader that has just closed their socket must leave quietly: a
+    # BrokenPipeError traceback from every worker on the user's stderr at each close() is noise.
+    proc = _run("""
+        import time
+        import fastload as fl
+        from test_python_workers import Slow
+        if __name__ == "__main__":
+            for _ in range(2):
+                loader = fl.Loader(Slow(), 8, device="cpu", workers="processes", num_workers=2)
+                next(iter(loader))
+                pids = loader._workers.pids()
+                loader.close()  # both workers are inside a batch now
+            time.sleep(0.5)
+            print("pids", *pids)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr[-3000:]
+    pids = [int(p) for p in proc.stdout.split("pids")[1].split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
 class BrokenOnArrival:
     def __init__(self):
         self.path = "records.db"  # some state, so that unpickling calls __setstate__
@@ -214,6 +343,18 @@ def test_a_dataset_that_fails_to_unpickle_in_the_worker_is_reported_when_the_wor
                                            "cannot reopen the database") as e:
         iter(loader)
     assert isinstance(e.value.__cause__, OSError)
+    loader.close()
+
+
+class DiesOnArrival(BrokenOnArrival):
+    def __setstate__(self, state):
+        os._exit(5)
+
+
+def test_a_worker_that_dies_while_starting_is_named_with_its_exit_code():
+    loader = fl.Loader(DiesOnArrival(), 2, device="cpu", workers="processes", num_workers=2)
+    with pytest.raises(RuntimeError, match=r"worker process 0 \(pid \d+\) exited with code 5 while starting"):
+        iter(loader)
     loader.close()
 
 

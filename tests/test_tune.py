@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import fastload as fl
 from fastload import _tune
@@ -174,7 +175,7 @@ def test_tune_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="seconds"):
         fl.tune(x, batch_size=4, seconds=float("nan"))
     with pytest.raises(TypeError, match="source"):
-        fl.tune([1, 2, 3], batch_size=4)
+        fl.tune({1, 2, 3}, batch_size=4)
 
 
 def test_recommendation_prefers_fewer_threads_then_smaller_prefetch_within_3_percent() -> None:
@@ -315,3 +316,125 @@ def test_other_bad_sources_are_usage_errors(tmp_path: Path, capsys: pytest.Captu
         source, says = tmp_path / "f.npy", "neither a regular file nor a directory"
     code, _, err = cli(capsys, str(source), "--batch-size", "8", *FAST, *extra)
     assert code == 2 and says in one_error_line(err), err
+
+
+# ---------------------------------------------------------------------------- Python datasets (module:Class)
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.mark.slow
+def test_cli_tunes_a_dataset_class_over_workers_threads_and_processes(tmp_path: Path) -> None:
+    out_json = tmp_path / "tune.json"
+    done = subprocess.run([sys.executable, "-m", "fastload", "tune", "tune_datasets:Points", "--dataset-args",
+                           '{"n": 400, "width": 4}', "--batch-size", "32", "--threads", "1,2", "--prefetch", "2",
+                           "--seconds", "0.05", "--repeats", "1", "--no-progress", "--json", str(out_json)],
+                          capture_output=True, text=True, timeout=300, cwd=TESTS)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("fastload tune: tune_datasets:Points, 400 samples of 24 B, batch 32")  # 4 float32 + int64
+    header = next(i for i, line in enumerate(lines) if line.split()[:3] == ["num_workers", "workers", "prefetch"])
+    rows = [line.split()[:3] for line in lines[header + 1:header + 5]]
+    assert rows == [["1", "threads", "2"], ["2", "threads", "2"], ["1", "processes", "2"], ["2", "processes", "2"]]
+    data = json.loads(out_json.read_text())
+    assert {(r["num_threads"], r["workers"]) for r in data["rows"]} == {(1, "threads"), (2, "threads"),
+                                                                       (1, "processes"), (2, "processes")}
+    rec = data["recommended"]
+    assert data["args"] == {"batch_size": 32, "num_workers": rec["num_threads"], "workers": rec["workers"],
+                            "prefetch": 2}
+    assert f"fl.Loader(source, batch_size=32, num_workers={rec['num_threads']}, workers={rec['workers']!r}" in done.stdout
+    assert "waited for data" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_fl_tune_takes_a_dataset_object_or_a_module_class_and_its_args_build_a_loader() -> None:
+    import tune_datasets
+
+    dataset = tune_datasets.Points(300)
+    result = fl.tune(dataset, batch_size=16, threads=[1, 2], prefetch=[2, 4], workers="threads", seconds=0.05,
+                     repeats=1, progress=False)
+    assert {(r.num_threads, r.prefetch, r.workers) for r in result.rows} == {(1, 2, "threads"), (1, 4, "threads"),
+                                                                            (2, 2, "threads"), (2, 4, "threads")}
+    assert result.args == {"batch_size": 16, "num_workers": result.recommended.num_threads, "workers": "threads",
+                           "prefetch": result.recommended.prefetch}
+    with fl.Loader(dataset, device="cpu", **result.args) as loader:
+        batch = next(iter(loader))
+        assert batch["x"].shape == (16, 8) and batch["y"].dtype == torch.int64
+    assert result.table().splitlines()[0].split()[:3] == ["num_workers", "workers", "prefetch"]
+    assert "workers='threads'" in result.summary()
+    by_name = fl.tune("tune_datasets:make_points", batch_size=8, dataset_args={"n": 50}, threads=1, prefetch=2,
+                      workers=["threads"], seconds=0.05, repeats=1, progress=False)
+    assert by_name.source == "tune_datasets:make_points" and by_name.rows[0].samples_per_s > 0
+    positional = fl.tune("tune_datasets:Points", batch_size=8, dataset_args=[40, 2], threads=1, prefetch=2,
+                         workers="threads", seconds=0.05, repeats=1, progress=False)
+    assert positional.row_bytes == 2 * 4 + 8
+    with pytest.raises(ValueError, match="workers must hold"):
+        fl.tune(dataset, batch_size=8, workers=["fibers"])
+    with pytest.raises(ValueError, match="workers applies to Python datasets"):
+        fl.tune(np.zeros((10, 2)), batch_size=8, workers="threads")
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        fl.tune(tune_datasets.Unpicklable(), batch_size=8, threads=1, prefetch=2, seconds=0.05, repeats=1,
+                progress=False)
+
+
+def test_recommendation_prefers_threads_to_processes_within_3_percent() -> None:
+    def point(t: int, kind: str, rate: float) -> fl.TunePoint:
+        return fl.TunePoint(t, 2, 1, rate, 0.5, (rate,), workers=kind)
+
+    fastest, recommended = _tune.recommend([point(2, "processes", 100.0), point(2, "threads", 97.5),
+                                            point(1, "threads", 90.0)])
+    assert (fastest.workers, recommended.workers, recommended.num_threads) == ("processes", "threads", 2)
+    fastest, recommended = _tune.recommend([point(2, "processes", 100.0), point(2, "threads", 96.0)])
+    assert recommended is fastest
+
+
+def test_a_python_dataset_result_reports_and_plots_its_workers(tmp_path: Path) -> None:
+    def point(t: int, p: int, kind: str, rate: float) -> fl.TunePoint:
+        return fl.TunePoint(t, p, 1, rate, 0.2, (rate, rate * 1.02), workers=kind)
+
+    rows = [point(1, 2, "threads", 50.0), point(2, 2, "threads", 60.0), point(1, 2, "processes", 55.0),
+            point(2, 2, "processes", 100.0)]
+    fastest, recommended = _tune.recommend(rows)
+    result = fl.TuneResult(args=_tune.loader_args(recommended, 8, "cpu"), recommended=recommended, fastest=fastest,
+                           rows=rows, source="data:Images", batch_size=8, row_bytes=1024, device="cpu", seconds=1.0,
+                           repeats=2, elapsed_s=12.0, defaults={"num_threads": 2, "prefetch": 2})
+    table = result.table().splitlines()
+    assert table[0].split()[:3] == ["num_workers", "workers", "prefetch"]
+    assert table[4].split()[:3] == ["2", "processes", "2"] and table[4].endswith("<- fastest, recommended")
+    assert result.args == {"batch_size": 8, "num_workers": 2, "workers": "processes", "prefetch": 2}
+    summary = result.summary()
+    assert "recommended: num_workers=2 workers='processes' prefetch=2" in summary
+    assert "defaults:    num_workers=2 workers='threads' prefetch=2: 60 samples/s" in summary
+    if not _tune.matplotlib_missing():
+        result.plot(tmp_path / "workers.png")  # one panel per kind of workers
+        assert (tmp_path / "workers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("source, extra, says", [
+    ("no_such_module_xyz:Data", [], "cannot import module 'no_such_module_xyz'"),
+    ("tune_datasets:Pionts", [], "module 'tune_datasets' has no attribute 'Pionts' (did you mean Points"),
+    ("tune_datasets:NotADataset", [], "gave a NotADataset, not a map-style dataset"),
+    ("tune_datasets:Stream", [], "is a torch IterableDataset"),
+    ("tune_datasets:Unpicklable", [], "Unpicklable cannot be pickled"),
+    ("tune_datasets:Empty", [], "is empty"),
+    ("tune_datasets:Broken", [], "reading sample 0 (to learn the batch's structure) raised KeyError"),
+    ("tune_datasets:FailsToBuild", [], "tune_datasets:FailsToBuild() raised RuntimeError: cannot open the database"),
+    ("tune_datasets:IntKeys", [], "tune_datasets:IntKeys: sample field '<sample>': dict keys must be strings"),
+    ("tune_datasets:Points", ["--dataset-args", '{"n": '], "argument --dataset-args: not JSON"),
+    ("tune_datasets:Points", ["--dataset-args", '"n"'], "argument --dataset-args: expected a JSON object"),
+    ("tune_datasets:Points", ["--dataset-args", '{"size": 3}'], "unexpected keyword argument 'size'"),
+    ("tune_datasets:points", ["--dataset-args", '{"n": 3}'], "not a class or function"),
+    ("tune_datasets:Points", ["--workers", "fibers"], "argument --workers"),
+    ("tune_datasets:Points", ["--window", "4"], "window and dtype apply to a path or an array"),
+    ("NPY", ["--dataset-args", '{"n": 3}'], "--dataset-args"),
+    ("NPY", ["--workers", "processes"], "--workers applies to a Python dataset"),
+])
+def test_bad_dataset_classes_are_usage_errors_before_measuring(npy: Path, capsys: pytest.CaptureFixture[str],
+                                                               source: str, extra: list[str], says: str) -> None:
+    import time
+    source = str(npy) if source == "NPY" else source
+    began = time.perf_counter()
+    # A run that measured first would take minutes (--seconds 50): it must stop at once.
+    code, out, err = cli(capsys, source, "--batch-size", "8", "--seconds", "50", "--repeats", "1", "--threads", "1",
+                         "--prefetch", "2", *extra)
+    assert time.perf_counter() - began < 20
+    assert code == 2 and out == ""
+    assert says in one_error_line(err), err

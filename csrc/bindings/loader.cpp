@@ -19,6 +19,7 @@
 #include "bindings/py_source.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
+#include "bindings/stream.h"
 #include "bindings/testing.h"
 #include "bindings/without_gil.h"
 #include "cuda/driver.h"
@@ -41,7 +42,7 @@ struct Cancelled {};
 class PyEngine {
  public:
   PyEngine(py::object handle, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
-           bool with_valid, int streams, std::shared_ptr<SharedMemoryAllocator> shared_memory)
+           bool with_valid, int streams, std::shared_ptr<SharedMemoryAllocator> shared_memory, bool with_source)
       : source_(std::move(handle)) {
     const SourceHandle& source = source_.cast<const SourceHandle&>();
     RuntimeOptions o;
@@ -49,6 +50,7 @@ class PyEngine {
     o.engine.prefetch = prefetch;
     o.engine.with_index = with_index;
     o.engine.with_valid = with_valid;
+    o.engine.with_source = with_source;
     o.engine.batch_size = batch_size;
     o.streams = streams;
     o.host_memory = std::move(shared_memory);
@@ -72,21 +74,28 @@ class PyEngine {
 
   std::shared_ptr<Run> start(const std::vector<SamplerConfig>& configs, int64_t epoch, int64_t start_position,
                              int64_t fail_at_step, const std::vector<int>& devices) {
-    std::vector<EpochPlan> plans;
-    for (const SamplerConfig& c : configs) plans.emplace_back(c, epoch, start_position);
-    auto run = without_gil([&] { return runtime_->start(std::move(plans), fail_at_step, devices); });
-    if (python_) python_->reset_user_ns();  // the epoch's time in user code starts now
-    return run;
+    std::vector<std::shared_ptr<const BatchPlan>> plans;
+    for (const SamplerConfig& c : configs) plans.push_back(std::make_shared<EpochPlan>(c, epoch, start_position));
+    return start_plans(std::move(plans), fail_at_step, devices);
+  }
+
+  // Global steps [first_step, end_step) of a stream, one sampler (replica) per output.
+  std::shared_ptr<Run> start_stream(const std::vector<StreamSampler>& samplers, int64_t first_step, int64_t end_step,
+                                    int64_t epoch, int64_t fail_at_step, const std::vector<int>& devices) {
+    std::vector<std::shared_ptr<const BatchPlan>> plans;
+    for (const StreamSampler& s : samplers)
+      plans.push_back(std::make_shared<StreamPlan>(s.config, first_step, end_step, epoch));
+    return start_plans(std::move(plans), fail_at_step, devices);
   }
 
   // The next batch's parts (None at the end) as DLPack capsules, or RawDevicePart with raw=True
   // (tests with the stand-in driver). For a GPU output `stream` is the consumer's stream, made to
   // wait on the batch's copy. `ready`, if given, gets the batches ready when the call began.
-  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* ready,
+  py::object take(const Run& run, int output, uintptr_t stream, bool raw, int64_t* rows, int64_t* step, int64_t* ready,
                   std::shared_ptr<void>* extras) {
     runtime_->check_not_forked();
     if (run.transfers.at(static_cast<size_t>(output)))
-      return take_device(run, output, stream, raw, rows, ready, extras);
+      return take_device(run, output, stream, raw, rows, step, ready, extras);
     Batch batch;
     int64_t* ready_at_entry = ready;  // counted by the first attempt only
     const bool more = wait([&](std::chrono::milliseconds timeout) {
@@ -96,6 +105,7 @@ class PyEngine {
     });
     if (!more) return py::none();
     *rows = batch.rows;
+    *step = batch.step;
     *extras = std::move(batch.extras);
     const BatchLayout& L = runtime_->layout();
     py::list parts;
@@ -144,6 +154,7 @@ class PyEngine {
             stage(run.transfers[o]->copy_times());
     d["copy"] = copies;
     d["user_s"] = python_ ? static_cast<double>(python_->user_ns()) * 1e-9 : 0.0;
+    d["source_samples"] = r.source_rows;
     d["num_threads"] = runtime_->num_threads();
     d["prefetch"] = runtime_->prefetch();
     d["streams"] = runtime_->streams();
@@ -166,6 +177,12 @@ class PyEngine {
   }
 
   const std::vector<py::str>& names() const { return names_; }
+  std::shared_ptr<Run> start_plans(std::vector<std::shared_ptr<const BatchPlan>> plans, int64_t fail_at_step,
+                                   const std::vector<int>& devices) {
+    auto run = without_gil([&] { return runtime_->start(std::move(plans), fail_at_step, devices); });
+    if (python_) python_->reset_user_ns();  // the epoch's time in user code starts now
+    return run;
+  }
   const std::shared_ptr<PythonSource>& python_source() const { return python_; }
   void set_timeout(double seconds) { timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
   const BatchLayout& layout() const { return runtime_->layout(); }
@@ -200,8 +217,8 @@ class PyEngine {
     }
   }
 
-  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* ready,
-                         std::shared_ptr<void>* extras) {
+  py::object take_device(const Run& run, int output, uintptr_t raw_stream, bool raw, int64_t* rows, int64_t* step,
+                         int64_t* ready, std::shared_ptr<void>* extras) {
     const auto stream = reinterpret_cast<cuda::api::CUstream>(raw_stream);
     cuda::DeviceBatch batch;
     int64_t* ready_at_entry = ready;
@@ -212,6 +229,7 @@ class PyEngine {
     });
     if (!more) return py::none();
     *rows = batch.rows;
+    *step = batch.step;
     *extras = std::move(batch.extras);
     const BatchLayout& L = runtime_->layout();
     py::list parts;
@@ -291,10 +309,10 @@ class Iterator {
     const auto t0 = counting ? RunStats::Clock::now() : RunStats::Clock::time_point();
     int64_t ready = 0;
     py::object parts;
-    int64_t rows = 0;
+    int64_t rows = 0, step = 0;
     std::shared_ptr<void> extras;
     try {
-      parts = engine.take(*run_, output_, stream, raw_, &rows, counting ? &ready : nullptr, &extras);
+      parts = engine.take(*run_, output_, stream, raw_, &rows, &step, counting ? &ready : nullptr, &extras);
     } catch (const Cancelled&) {
       if (exit_parking::note_next()) park();  // closed at exit while this thread waited
       throw std::runtime_error(run_->superseded ? kSupersededMessage : "this epoch's batches were cancelled");
@@ -322,6 +340,9 @@ class Iterator {
       for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
       batch = std::move(d);
     }
+    // A mixture's per-source counts move with the hand-out (O(sources), no floor sums).
+    if (!run_->stats.source_rows.empty())
+      run_->pipeline->plan(output_).add_source_rows(step, run_->stats.source_rows.data());
     if (counting) {
       const int64_t bytes = static_cast<int64_t>(engine.layout().batch_bytes(rows));
       const double share = run_->stats.record(rows, bytes, StageTimes::since(t0), ready);
@@ -406,6 +427,16 @@ void register_loader(py::module_& m) {
       .def("num_batches", [](const Run& r, int d) { return r.pipeline->plan(d).num_batches(); })
       .def("position_after",
            [](const Run& r, int d, int64_t k) { return r.pipeline->plan(d).position_after(k); })
+      .def("stream_positions",
+           [](const Run& r, int d, int64_t k) {
+             // Every source's stream position at the global step after k batches of output d.
+             const auto* plan = dynamic_cast<const StreamPlan*>(&r.pipeline->plan(d));
+             if (!plan) throw std::invalid_argument("not a step-based run");
+             std::vector<int64_t> out(static_cast<size_t>(plan->num_sources()));
+             plan->positions(plan->position_after(k), out.data());
+             return out;
+           },
+           py::arg("output"), py::arg("batches_done"))
       .def("cancel", [](const Run& r) { without_gil([&] { r.pipeline->cancel(); }); });
 
   py::class_<Iterator>(m, "Iterator", "Hands out one output's batches of one epoch, in order, as "
@@ -418,11 +449,15 @@ void register_loader(py::module_& m) {
       .def("__len__", &Iterator::remaining);
 
   py::class_<PyEngine>(m, "Engine", gc_visible<PyEngine>())  // it holds its source
-      .def(py::init<py::object, int64_t, int, int64_t, bool, bool, int, std::shared_ptr<SharedMemoryAllocator>>(),
+      .def(py::init<py::object, int64_t, int, int64_t, bool, bool, int, std::shared_ptr<SharedMemoryAllocator>,
+                    bool>(),
            py::arg("source"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1, py::arg("shared_memory") = nullptr)
+           py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1, py::arg("shared_memory") = nullptr,
+           py::arg("with_source") = false)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"), py::arg("start_position"),
            py::arg("fail_at_step"), py::arg("devices"))
+      .def("start_stream", &PyEngine::start_stream, py::arg("samplers"), py::arg("first_step"), py::arg("end_step"),
+           py::arg("epoch"), py::arg("fail_at_step"), py::arg("devices"))
       .def("close", &PyEngine::close)
       .def("memory", &PyEngine::memory)
       .def("stats", &PyEngine::stats, py::arg("epoch"))

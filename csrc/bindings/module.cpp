@@ -10,6 +10,7 @@
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastload native core: sampler, sources, collation threads, buffers, CUDA transfers";
   fastload::register_sampler(m);
+  fastload::register_stream(m);
   fastload::register_sources(m);
   fastload::register_python_source(m);
   fastload::register_loader(m);

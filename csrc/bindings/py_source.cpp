@@ -4,6 +4,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -33,6 +35,25 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// When the call a thread is in began, for timeout=: the coarse clock (a few ms of resolution,
+// plenty for a timeout) costs ~8 ns a read where steady_clock costs ~45 ns on the benchmark VM,
+// and a small sample's whole __getitem__ can take well under a microsecond.
+int64_t coarse_now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// Time in the dataset's own code (stats' user_s): two steady_clock reads around every
+// __getitem__ cost ~90 ns on a VM, a sixth of a small sample's whole cost. Instead the loop over a
+// batch's samples is timed whole, and fastload's own part of it (writing a sample into the batch)
+// is timed for one sample in kTimeStride, each timing standing for the samples up to the next.
+// That part is short and steady, so the estimate is close; sampling __getitem__ itself was biased
+// low, because its rare long pauses (the garbage collector, being descheduled) were caught by a
+// timed sample only one time in kTimeStride and then capped.
+constexpr int64_t kTimeStride = 8;
+
 
 // The Python exception being raised, taken out of the interpreter's error state with its traceback.
 std::shared_ptr<PyRef> fetch_exception() {
@@ -149,6 +170,14 @@ class Buffer {
     return format_dtype(view_.format, view_.itemsize, out);
   }
   std::vector<int64_t> shape() const { return std::vector<int64_t>(view_.shape, view_.shape + view_.ndim); }
+  // Whether the shape is `shape` (skip = 0), or `shape` after its first `skip` axes; no allocation.
+  bool shape_is(const std::vector<int64_t>& shape, int skip = 0) const {
+    if (view_.ndim != static_cast<int>(shape.size()) + skip) return false;
+    for (size_t k = 0; k < shape.size(); ++k)
+      if (view_.shape[k + static_cast<size_t>(skip)] != shape[k]) return false;
+    return true;
+  }
+  int64_t first_axis() const { return view_.ndim ? view_.shape[0] : 0; }
   const std::byte* data() const { return static_cast<const std::byte*>(view_.buf); }
   size_t bytes() const { return static_cast<size_t>(view_.len); }
 
@@ -180,6 +209,26 @@ class SampleScope {
 };
 
 }  // namespace
+
+// Where a value sits in the sample ("meta.boxes.0"), built only for an error message: building
+// it for every field of every sample cost a string per field.
+struct FieldPath {
+  const FieldPath* parent = nullptr;
+  PyObject* key = nullptr;  // a dict key (str), or null for a sequence index
+  Py_ssize_t index = 0;
+  std::string text() const {
+    std::string head = parent ? parent->text() : std::string();
+    std::string part;
+    if (key) {
+      const char* k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+      part = k ? k : "?";
+    } else {
+      part = std::to_string(index);
+    }
+    if (!parent) return "<sample>";  // the root names the whole sample
+    return head == "<sample>" ? part : head + "." + part;
+  }
+};
 
 bool current_sample(uint64_t* seed, int64_t* epoch, int64_t* id) {
   if (!t_sample.active) return false;
@@ -242,7 +291,7 @@ PythonSource::Call& PythonSource::call_slot(int thread) const {
 }
 
 std::string PythonSource::overdue(std::chrono::milliseconds limit) const {
-  const int64_t now = now_ns();
+  const int64_t now = coarse_now_ns();  // the clock since_ns is read from
   std::lock_guard<std::mutex> lock(calls_mutex_);
   for (size_t t = 0; t < calls_.size(); ++t) {
     const int64_t id = calls_[t]->id.load(std::memory_order_acquire);
@@ -301,18 +350,18 @@ void PythonSource::write_leaf(const Leaf& leaf, PyObject* value, int64_t row, in
       if (!b.dtype(&dt) || dt != leaf.dtype)
         field_error(id, leaf.name, "has dtype " + (b.dtype(&dt) ? dtype_text(dt) : std::string("?")) +
                                        ", the first sample's " + dtype_text(leaf.dtype));
-      const std::vector<int64_t> shape = b.shape();
       if (leaf.kind == LeafKind::Array) {
-        if (shape != leaf.shape)
-          field_error(id, leaf.name, "has shape " + shape_text(shape) + ", the first sample's " + shape_text(leaf.shape) +
+        if (!b.shape_is(leaf.shape))
+          field_error(id, leaf.name, "has shape " + shape_text(b.shape()) + ", the first sample's " +
+                                         shape_text(leaf.shape) +
                                          " (for a varying first axis, pass pad= and max_length= for this field)");
         copy_bytes(dst, b.data(), leaf.row_bytes);
         return;
       }
-      if (shape.empty() || std::vector<int64_t>(shape.begin() + 1, shape.end()) != leaf.shape)
-        field_error(id, leaf.name, "has shape " + shape_text(shape) + "; a padded field's items must have shape " +
+      if (!b.shape_is(leaf.shape, 1))
+        field_error(id, leaf.name, "has shape " + shape_text(b.shape()) + "; a padded field's items must have shape " +
                                        shape_text(leaf.shape));
-      const int64_t items = std::min(shape[0], leaf.max_length);
+      const int64_t items = std::min(b.first_axis(), leaf.max_length);
       const size_t bytes = static_cast<size_t>(items) * leaf.item_bytes;
       copy_bytes(dst, b.data(), bytes);
       const size_t n = leaf.pad.size();
@@ -330,21 +379,22 @@ void PythonSource::write_leaf(const Leaf& leaf, PyObject* value, int64_t row, in
 }
 
 void PythonSource::write(const TreeNode& node, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
-                         PyObject* objects, const std::string& path) const {
+                         PyObject* objects, const FieldPath& path) const {
   switch (node.kind) {
     case TreeNode::LeafNode:
       return write_leaf(leaves_[static_cast<size_t>(node.leaf)], value, row, id, parts, objects);
     case TreeNode::Dict: {
       if (!PyMapping_Check(value) || PySequence_Check(value))
-        field_error(id, path.empty() ? "<sample>" : path, std::string("is ") + type_name(value) +
-                                                             ", the first sample's was a dict");
+        field_error(id, path.text(), std::string("is ") + type_name(value) + ", the first sample's was a dict");
       for (size_t k = 0; k < node.keys.size(); ++k) {
         PyObject* key = node.keys[k].get();
-        PyRef child = PyRef::steal(PyObject_GetItem(value, key));
-        const char* name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : "?";
-        const std::string sub = path.empty() ? std::string(name) : path + "." + name;
+        // An exact dict is read without a call (a borrowed reference); other mappings by __getitem__.
+        PyRef child = PyDict_CheckExact(value) ? PyRef::borrow(PyDict_GetItemWithError(value, key))
+                                               : PyRef::steal(PyObject_GetItem(value, key));
+        const FieldPath sub{&path, key, 0};
         if (!child) {
-          if (PyErr_ExceptionMatches(PyExc_KeyError)) field_error(id, sub, "is missing (the first sample has it)");
+          if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_KeyError))
+            field_error(id, sub.text(), "is missing (the first sample has it)");
           user_error(id, "dataset");
         }
         write(node.children[k], child.get(), row, id, parts, objects, sub);
@@ -354,14 +404,13 @@ void PythonSource::write(const TreeNode& node, PyObject* value, int64_t row, int
     default: {
       PyRef seq = PyRef::steal(PySequence_Fast(value, "not a sequence"));
       if (!seq || (node.kind != TreeNode::Dict && PyUnicode_Check(value)))
-        field_error(id, path.empty() ? "<sample>" : path, std::string("is ") + type_name(value) +
-                                                             ", the first sample's was a sequence");
+        field_error(id, path.text(), std::string("is ") + type_name(value) + ", the first sample's was a sequence");
       const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
       if (static_cast<size_t>(n) != node.children.size())
-        field_error(id, path.empty() ? "<sample>" : path, "has " + std::to_string(n) + " elements, the first sample's " +
-                                                             std::to_string(node.children.size()));
+        field_error(id, path.text(), "has " + std::to_string(n) + " elements, the first sample's " +
+                                         std::to_string(node.children.size()));
       for (Py_ssize_t k = 0; k < n; ++k) {
-        const std::string sub = path.empty() ? std::to_string(k) : path + "." + std::to_string(k);
+        const FieldPath sub{&path, nullptr, k};
         write(node.children[static_cast<size_t>(k)], PySequence_Fast_GET_ITEM(seq.get(), k), row, id, parts, objects, sub);
       }
     }
@@ -378,7 +427,7 @@ void PythonSource::fill(const FillRequest& r) {
   Call& call = call_slot(r.thread);
   const int64_t t0 = now_ns();
   call.batch.store(true, std::memory_order_release);
-  call.since_ns.store(t0, std::memory_order_release);
+  call.since_ns.store(coarse_now_ns(), std::memory_order_release);
   call.id.store(r.count ? r.ids[0] : 0, std::memory_order_release);
   std::string payload;
   try {
@@ -399,6 +448,7 @@ void PythonSource::fill(const FillRequest& r) {
 void PythonSource::fill_local(const FillRequest& r) {
   GilScope gil;
   Call& call = call_slot(r.thread);
+  int64_t user = 0;  // this batch's time in the dataset's code
   if (worker_init_ && !call.initialized) {
     call.initialized = true;  // once per thread, whatever it does: a failure fails this batch
     PyRef index = PyRef::steal(PyLong_FromLong(r.thread));
@@ -419,14 +469,14 @@ void PythonSource::fill_local(const FillRequest& r) {
     PyRef ids = PyRef::steal(PyList_New(r.count));
     for (int64_t i = 0; i < r.count; ++i) PyList_SET_ITEM(ids.get(), i, PyLong_FromLongLong(r.ids[i]));
     const int64_t t0 = now_ns();
-    call.since_ns.store(t0, std::memory_order_release);
+    call.since_ns.store(coarse_now_ns(), std::memory_order_release);
     call.id.store(r.count ? r.ids[0] : 0, std::memory_order_release);
     {
       SampleScope scope(r.seed, r.epoch, -1);  // several samples: sample_rng(i) names its own
       samples = PyRef::steal(PyObject_CallFunctionObjArgs(getitems_.get(), ids.get(), nullptr));
     }
     call.id.store(-1, std::memory_order_release);
-    user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    user += now_ns() - t0;
     if (!samples) user_error(r.count ? r.ids[0] : 0, "dataset.__getitems__");
     samples = PyRef::steal(PySequence_Fast(samples.get(), "__getitems__ must return a sequence"));
     if (!samples) user_error(r.count ? r.ids[0] : 0, "dataset.__getitems__");
@@ -439,6 +489,8 @@ void PythonSource::fill_local(const FillRequest& r) {
   } else if (collate_) {
     samples = PyRef::steal(PyList_New(r.count));
   }
+  const int64_t loop_t0 = now_ns();
+  int64_t own = 0;  // fastload's part of the loop: sampled writes, each standing for kTimeStride samples
   for (int64_t i = 0; i < r.count; ++i) {
     const int64_t id = r.ids[i];
     PyRef owned;
@@ -447,15 +499,13 @@ void PythonSource::fill_local(const FillRequest& r) {
       sample = PySequence_Fast_GET_ITEM(samples.get(), i);
     } else {
       PyRef key = PyRef::steal(PyLong_FromLongLong(id));
-      const int64_t t0 = now_ns();
-      call.since_ns.store(t0, std::memory_order_release);
+      call.since_ns.store(coarse_now_ns(), std::memory_order_release);
       call.id.store(id, std::memory_order_release);
       {
         SampleScope scope(r.seed, r.epoch, id);
         owned = PyRef::steal(PyObject_GetItem(dataset_.get(), key.get()));
       }
       call.id.store(-1, std::memory_order_release);
-      user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
       if (!owned) user_error(id, "dataset.__getitem__");
       sample = owned.get();
     }
@@ -465,13 +515,22 @@ void PythonSource::fill_local(const FillRequest& r) {
       else Py_DECREF(sample);
       continue;
     }
-    write(tree_, sample, i, id, r.parts, objects.get(), "");
+    const bool timing = i % kTimeStride == 0;
+    const int64_t w0 = timing ? now_ns() : 0;
+    write(tree_, sample, i, id, r.parts, objects.get(), FieldPath{});
+    if (timing) own += (now_ns() - w0) * std::min(kTimeStride, r.count - i);
   }
+  // With __getitems__ the loop only writes (its call was timed above); else it is the calls and
+  // the writes.
+  if (!getitems_) user += std::max<int64_t>(0, now_ns() - loop_t0 - own);
   if (collate_) {
     const int64_t t0 = now_ns();
     PyRef batch = PyRef::steal(PyObject_CallFunctionObjArgs(collate_.get(), samples.get(), nullptr));
-    user_ns_.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-    if (!batch) user_error(r.count ? r.ids[0] : 0, "collate_fn(batch starting at dataset");
+    user += now_ns() - t0;
+    if (!batch) {
+      user_ns_.fetch_add(user, std::memory_order_relaxed);
+      user_error(r.count ? r.ids[0] : 0, "collate_fn(batch starting at dataset");
+    }
     auto extras = std::make_shared<BatchExtras>();
     extras->object = std::move(batch);
     *r.extras = std::move(extras);
@@ -480,6 +539,7 @@ void PythonSource::fill_local(const FillRequest& r) {
     extras->object = std::move(objects);
     *r.extras = std::move(extras);
   }
+  user_ns_.fetch_add(user, std::memory_order_relaxed);
 }
 
 py::object PythonSource::build(const TreeNode& node, const std::vector<py::object>& parts, PyObject* objects) const {

@@ -73,6 +73,7 @@ struct BatchExtras {
 };
 
 class WorkerPool;
+struct FieldPath;  // where a value sits in the sample, for error messages (py_source.cpp)
 
 class PythonSource final : public BatchSource {
  public:
@@ -112,7 +113,7 @@ class PythonSource final : public BatchSource {
 
  private:
   void write(const TreeNode& node, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
-             PyObject* objects, const std::string& path) const;
+             PyObject* objects, const FieldPath& path) const;
   void write_leaf(const Leaf& leaf, PyObject* value, int64_t row, int64_t id, std::byte* const* parts,
                   PyObject* objects) const;
   pybind11::object build(const TreeNode& node, const std::vector<pybind11::object>& parts, PyObject* objects) const;
@@ -131,7 +132,7 @@ class PythonSource final : public BatchSource {
   struct Call {
     std::atomic<int64_t> id{-1};
     std::atomic<bool> batch{false};  // a whole batch in a worker process, starting at `id`
-    std::atomic<int64_t> since_ns{0};
+    std::atomic<int64_t> since_ns{0};  // CLOCK_MONOTONIC_COARSE
     bool initialized = false;  // worker_init ran on this thread (touched by that thread only)
   };
   mutable std::mutex calls_mutex_;

@@ -4,6 +4,7 @@
 
 namespace fastload {
 void register_sampler(pybind11::module_& m);  // sampler.cpp: Sampler, plans, the enum spellings
+void register_stream(pybind11::module_& m);   // stream.cpp: MixSchedule, StreamSampler
 void register_sources(pybind11::module_& m);  // source.cpp: BatchSource, ArraySource, BatchLayout
 void register_python_source(pybind11::module_& m);  // py_source.cpp: PythonSource, sample context
 void register_loader(pybind11::module_& m);   // loader.cpp: Engine, Epoch, Iterator, exit parking

@@ -13,6 +13,7 @@
 #include "bindings/register.h"
 #include "core/array_source.h"
 #include "core/batch_layout.h"
+#include "core/mix_source.h"
 
 namespace py = pybind11;
 
@@ -103,15 +104,27 @@ void register_sources(py::module_& m) {
     for (const py::handle& h : columns) cols.push_back(column_from(h));
     return SourceHandle{std::make_shared<ArraySource>(std::move(cols)), std::move(owners)};
   }, py::arg("columns"), py::arg("owners"));
+  // A mixture of native sources of one schema (ids laid end to end); keeps every child's objects.
+  m.def("MixSource", [](const std::vector<SourceHandle>& children) {
+    std::vector<std::shared_ptr<BatchSource>> sources;
+    py::tuple keep(children.size());
+    for (size_t j = 0; j < children.size(); ++j) {
+      sources.push_back(children[j].source);
+      keep[j] = children[j].keepalive;
+    }
+    return SourceHandle{std::make_shared<MixSource>(std::move(sources)), std::move(keep)};
+  }, py::arg("children"));
   m.def("ragged_lengths_name", &ragged_lengths_name, py::arg("column"));
   m.attr("RESERVED_NAMES") = py::make_tuple(kIndexPartName, kValidPartName);
+  m.attr("SOURCE_PART_NAME") = kSourcePartName;
 
   py::class_<BatchLayout, std::shared_ptr<BatchLayout>>(m, "BatchLayout",
                                                         "The parts of a batch: names, types, shapes and sizes.")
-      .def(py::init([](const SourceHandle& s, int64_t max_rows, bool with_index, bool with_valid) {
-             return std::make_shared<BatchLayout>(s.source->schema(), with_index, with_valid, max_rows);
+      .def(py::init([](const SourceHandle& s, int64_t max_rows, bool with_index, bool with_valid, bool with_source) {
+             return std::make_shared<BatchLayout>(s.source->schema(), with_index, with_valid, max_rows, with_source);
            }),
-           py::arg("source"), py::arg("max_rows"), py::arg("with_index"), py::arg("with_valid"))
+           py::arg("source"), py::arg("max_rows"), py::arg("with_index"), py::arg("with_valid"),
+           py::arg("with_source") = false)
       .def_property_readonly("names", &BatchLayout::names)
       .def_property_readonly("parts", [](const BatchLayout& L) { return schema_list(L.parts); })
       .def_property_readonly("part_row_bytes", [](const BatchLayout& L) { return L.part_row_bytes; })

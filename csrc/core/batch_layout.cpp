@@ -7,14 +7,19 @@
 
 namespace fastload {
 
-BatchLayout::BatchLayout(const std::vector<PartSchema>& source_schema, bool index, bool valid, int64_t rows)
-    : parts(source_schema), source_parts(source_schema.size()), with_index(index), with_valid(valid), max_rows(rows) {
+BatchLayout::BatchLayout(const std::vector<PartSchema>& source_schema, bool index, bool valid, int64_t rows,
+                         bool source)
+    : parts(source_schema), source_parts(source_schema.size()), with_index(index), with_valid(valid),
+      with_source(source), max_rows(rows) {
   if (rows <= 0) throw std::invalid_argument("batch rows must be positive, got " + std::to_string(rows));
   std::set<std::string> seen;
   for (const PartSchema& p : parts) {
     if (p.name == kIndexPartName || p.name == kValidPartName)
       throw std::invalid_argument("column name '" + p.name + "' is reserved by the loader (reserved: " +
                                   kIndexPartName + ", " + kValidPartName + ")");
+    if (with_source && p.name == kSourcePartName)
+      throw std::invalid_argument(std::string("column name '") + kSourcePartName +
+                                  "' is reserved by a mixture that adds the source of each row (with_source=True)");
     if (!seen.insert(p.name).second)
       throw std::invalid_argument("the batch would have two parts named '" + p.name +
                                   "' (a column clashes with a ragged column's <name>_lengths?)");
@@ -26,6 +31,10 @@ BatchLayout::BatchLayout(const std::vector<PartSchema>& source_schema, bool inde
   if (with_valid) {
     valid_part = static_cast<int>(parts.size());
     parts.push_back({kValidPartName, kBoolType, {}, sizeof(bool)});
+  }
+  if (with_source) {
+    source_part = static_cast<int>(parts.size());
+    parts.push_back({kSourcePartName, kInt64, {}, sizeof(int64_t)});
   }
   // Checked: a batch of huge rows must be a clear error, not a wrapped size and a crash.
   constexpr unsigned __int128 kMax = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());

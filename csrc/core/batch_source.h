@@ -24,7 +24,8 @@ struct PartSchema {
 };
 
 // One batch to fill: rows [0, count) of every part of the source's schema, for the sample ids
-// given in order. Several collation threads fill different batches at the same time.
+// given in order (null for a source that wants_sources(), when source_of and local_ids are
+// given). Several collation threads fill different batches at the same time.
 struct FillRequest {
   const int64_t* ids = nullptr;
   int64_t count = 0;
@@ -36,6 +37,10 @@ struct FillRequest {
   // What the batch carries besides its parts (a Python source's non-array fields); the core
   // only moves it along with the batch.
   std::shared_ptr<void>* extras = nullptr;
+  // For a source that wants_sources(), when the plan knows them: each row's source (rows grouped
+  // by source, in source order) and its id within that source. Null otherwise.
+  const int64_t* source_of = nullptr;
+  const int64_t* local_ids = nullptr;
 };
 
 class BatchSource {
@@ -43,6 +48,8 @@ class BatchSource {
   virtual ~BatchSource() = default;
   virtual const std::vector<PartSchema>& schema() const = 0;
   virtual int64_t size() const = 0;  // samples; ids are in [0, size())
+  // A mixture of sources reads FillRequest::source_of and local_ids when the plan provides them.
+  virtual bool wants_sources() const { return false; }
   // Throws to fail the batch: the pipeline reports it with the batch and epoch, keeping the
   // original exception.
   virtual void fill(const FillRequest& request) = 0;

@@ -24,7 +24,7 @@ Engine::Engine(std::shared_ptr<BatchSource> source, const EngineOptions& options
     throw std::invalid_argument("prefetch must be positive, got " +
                                 std::to_string(options.prefetch));
   layout_ = std::make_shared<BatchLayout>(source_->schema(), options.with_index, options.with_valid,
-                                          options.batch_size);
+                                          options.batch_size, options.with_source);
   default_allocator_ = std::move(allocator);
   for (size_t p = 0; p < layout_->num_parts(); ++p)
     pools_.push_back(BufferPool::create(layout_->part_bytes(p), options.prefetch + 1, default_allocator_));

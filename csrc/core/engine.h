@@ -21,6 +21,7 @@ struct EngineOptions {
   int64_t prefetch = 4;
   bool with_index = false;
   bool with_valid = false;
+  bool with_source = false;  // a mixture's "source" part
   int64_t batch_size = 1;
 };
 

@@ -26,12 +26,14 @@ Pipeline::Pipeline(std::shared_ptr<BatchSource> source, std::shared_ptr<const Ba
   if (!source_ || source_->schema().size() != layout_->source_parts)
     throw std::invalid_argument("the batch layout was not made for this source");
   for (OutputSpec& spec : outputs) {
-    if (spec.plan.max_batch_rows() > layout_->max_rows)
+    if (!spec.plan) throw std::invalid_argument("an output needs a plan");
+    if (spec.plan->max_batch_rows() > layout_->max_rows)
       throw std::invalid_argument("plan batch size exceeds the batch layout");
     // A Python consumer pays a few µs per wake-up (more than building a small batch): wake it
     // for half the window at once. A transfer thread wants each batch as soon as it exists.
     const int64_t wake = spec.native_consumer ? 1 : std::max<int64_t>(1, prefetch / 2);
-    outputs_.push_back(std::make_unique<Output>(std::move(spec.plan), spec.native_consumer, wake));
+    const bool by_source = source_->wants_sources() && spec.plan->fills_sources();
+    outputs_.push_back(std::make_unique<Output>(std::move(spec.plan), spec.native_consumer, wake, by_source));
     outputs_.back()->slots.resize(static_cast<size_t>(prefetch));
   }
 }
@@ -116,7 +118,7 @@ bool Pipeline::claim(int* output, int64_t* step) {
   int best = -1;
   for (int d = 0; d < num_outputs(); ++d) {
     const Output& o = *outputs_[d];
-    if (o.next_claim >= o.plan.num_batches() || o.next_claim >= o.retired + prefetch_) continue;
+    if (o.next_claim >= o.num_batches || o.next_claim >= o.retired + prefetch_) continue;
     if (best < 0 || o.next_claim < outputs_[best]->next_claim) best = d;
   }
   if (best < 0) return false;
@@ -128,14 +130,14 @@ bool Pipeline::claim(int* output, int64_t* step) {
 bool Pipeline::worth_waking_worker(const Output& o) const {
   // Free places: those a worker may claim now. Every consumer waiting on an unclaimed batch has
   // the whole window free (prefetch >= worker_wake_places_), so this never starves a consumer.
-  return o.retired + prefetch_ - o.next_claim >= worker_wake_places_ && o.next_claim < o.plan.num_batches();
+  return o.retired + prefetch_ - o.next_claim >= worker_wake_places_ && o.next_claim < o.num_batches;
 }
 
 bool Pipeline::worth_waking(const Output& o) const {
   // Never more than is already claimed: the first batch of an epoch (or after a stall) is not
   // held back for batches nobody is building yet.
   const int64_t wanted =
-      std::min({o.plan.num_batches() - o.taken, o.wake_batch, o.next_claim - o.taken});
+      std::min({o.num_batches - o.taken, o.wake_batch, o.next_claim - o.taken});
   for (int64_t i = 0; i < wanted; ++i) {
     const Slot& s = o.slots[static_cast<size_t>((o.taken + i) % prefetch_)];
     if (!s.ready || s.step != o.taken + i) return false;
@@ -143,20 +145,26 @@ bool Pipeline::worth_waking(const Output& o) const {
   return true;
 }
 
-void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch) {
+void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& scratch, Batch* batch) {
   if (step == fail_at_step_)
     throw std::runtime_error("injected failure (test hook) at batch " + std::to_string(step));
-  const EpochPlan& plan = outputs_[output]->plan;
-  const BatchSpan span = plan.batch(step);
+  const Output& o = *outputs_[output];
+  const BatchPlan& plan = *o.plan;
   const BatchLayout& L = *layout_;
-  batch->rows = span.count;
   batch->step = step;
   batch->parts.resize(L.num_parts());
   for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[p]->acquire();
-  int64_t* ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data())
-                              : ids_scratch.data();
-  bool* valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
-  plan.fill_ids(span, ids, valid);
+  BatchRows out;
+  const size_t rows = static_cast<size_t>(L.max_rows);
+  out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : scratch.data();
+  out.valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
+  out.sources = L.with_source ? reinterpret_cast<int64_t*>(batch->parts[L.source_part]->data()) : nullptr;
+  if (o.by_source) {
+    if (!out.sources) out.sources = scratch.data() + rows;
+    out.local_ids = scratch.data() + 2 * rows;
+    if (!L.with_index) out.ids = nullptr;  // the mixed source reads local ids: the ids go unread
+  }
+  batch->rows = plan.fill(step, out);
   std::byte* parts[kMaxInlineParts];
   std::vector<std::byte*> many;
   std::byte** part_ptrs = parts;
@@ -166,22 +174,28 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   }
   for (size_t p = 0; p < L.source_parts; ++p) part_ptrs[p] = batch->parts[p]->data();
   FillRequest request;
-  request.ids = ids;
-  request.count = span.count;
+  request.ids = out.ids;
+  request.count = batch->rows;
   request.parts = part_ptrs;
-  request.seed = plan.config().seed;
-  request.epoch = plan.epoch();
+  request.seed = o.seed;
+  request.epoch = plan.sample_epoch(step);
   request.step = step;
   request.thread = thread;
   request.extras = &batch->extras;
+  if (o.by_source) {
+    request.source_of = out.sources;
+    request.local_ids = out.local_ids;
+  }
   source_->fill(request);
 }
 
 void Pipeline::work(int thread) {
-  std::vector<int64_t> ids_scratch;
+  std::vector<int64_t> scratch;
   try {
-    // Only needed when the ids are not written into the batch itself.
-    if (!layout_->with_index) ids_scratch.resize(static_cast<size_t>(layout_->max_rows));
+    // Ids, when they are not written into the batch itself; a mixture's sources and local ids.
+    bool by_source = false;
+    for (const auto& o : outputs_) by_source |= o->by_source;
+    scratch.resize(static_cast<size_t>(layout_->max_rows) * (by_source ? 3 : layout_->with_index ? 0 : 1));
   } catch (...) {
     // An exception escaping a pool thread would std::terminate the process: report it instead.
     std::lock_guard<std::mutex> lock(mutex_);
@@ -204,7 +218,7 @@ void Pipeline::work(int thread) {
     int64_t step;
     while (!cancelled_ && !error_ && !claim(&output, &step)) {
       bool anything_left = false;
-      for (auto& o : outputs_) anything_left |= o->next_claim < o->plan.num_batches();
+      for (auto& o : outputs_) anything_left |= o->next_claim < o->num_batches;
       if (!anything_left) return unlock_and_wake();
       if (wake_consumer) {  // never sleep on a pending wake-up: only that consumer may free a place
         unlock_and_wake();
@@ -219,7 +233,7 @@ void Pipeline::work(int thread) {
     std::exception_ptr failure;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      build(output, step, thread, ids_scratch, &batch);
+      build(output, step, thread, scratch, &batch);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -230,7 +244,7 @@ void Pipeline::work(int thread) {
     Output& o = *outputs_[output];
     if (failure) {
       fail_locked("fastload collation thread failed on batch " + std::to_string(step) +
-                      " of epoch " + std::to_string(o.plan.epoch()),
+                      " of epoch " + std::to_string(o.plan->epoch()),
                   failure);
       return;
     }
@@ -251,7 +265,7 @@ NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* 
   // The slot is looked up afresh on every wake: another consumer of this output may have taken
   // the batch this thread was waiting for.
   auto ready = [&] {
-    if (o.taken >= o.plan.num_batches()) return true;
+    if (o.taken >= o.num_batches) return true;
     const Slot& s = o.slots[static_cast<size_t>(o.taken % prefetch_)];
     return s.ready && s.step == o.taken;
   };
@@ -261,7 +275,7 @@ NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* 
   if (error_) std::rethrow_exception(error_);
   if (cancelled_) return NextStatus::Cancelled;
   if (!arrived) return NextStatus::Timeout;
-  if (o.taken >= o.plan.num_batches()) return NextStatus::End;
+  if (o.taken >= o.num_batches) return NextStatus::End;
   Slot& slot = o.slots[static_cast<size_t>(o.taken % prefetch_)];
   *out = std::move(slot.batch);
   slot.batch = Batch();

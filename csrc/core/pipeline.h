@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/batch_layout.h"
+#include "core/batch_plan.h"
 #include "core/batch_source.h"
 #include "core/buffer_pool.h"
 #include "core/sampler.h"
@@ -42,11 +43,15 @@ class CollationError : public std::runtime_error {
 };
 
 struct OutputSpec {
-  EpochPlan plan;
+  std::shared_ptr<const BatchPlan> plan;
   // A native consumer (a device's transfer thread) is woken for every batch, and a batch it
   // takes keeps its window place until it calls retire(); a Python consumer is woken once
   // several batches are ready (one wake-up per several batches), and taking a batch retires it.
   bool native_consumer = false;
+
+  OutputSpec(std::shared_ptr<const BatchPlan> p, bool native = false) : plan(std::move(p)), native_consumer(native) {}
+  OutputSpec(EpochPlan p, bool native = false)
+      : plan(std::make_shared<EpochPlan>(std::move(p))), native_consumer(native) {}
 };
 
 class Pipeline {
@@ -78,7 +83,7 @@ class Pipeline {
 
   int num_outputs() const { return static_cast<int>(outputs_.size()); }
   const std::shared_ptr<BatchSource>& source() const { return source_; }
-  const EpochPlan& plan(int output) const { return outputs_[output]->plan; }
+  const BatchPlan& plan(int output) const { return *outputs_[output]->plan; }
   int64_t taken(int output) const;
   // Batches of `output` built and waiting, in order, for the consumer.
   int64_t ready_count(int output) const;
@@ -92,7 +97,10 @@ class Pipeline {
     Batch batch;
   };
   struct Output {
-    EpochPlan plan;
+    std::shared_ptr<const BatchPlan> plan;
+    const int64_t num_batches;
+    const uint64_t seed;
+    const bool by_source;  // the plan hands the source its rows' sources and local ids
     bool native_consumer;
     int64_t wake_batch;
     int64_t next_claim = 0;
@@ -101,7 +109,12 @@ class Pipeline {
     int waiting = 0;      // consumers blocked in next()
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
-    Output(EpochPlan p, bool native, int64_t wake) : plan(std::move(p)), native_consumer(native), wake_batch(wake) {}
+    Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake)
+        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), by_source(false),
+          native_consumer(native), wake_batch(wake) {}
+    Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake, bool sources)
+        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), by_source(sources),
+          native_consumer(native), wake_batch(wake) {}
   };
 
   bool claim(int* output, int64_t* step);  // under mutex_; false when nothing may be claimed now
@@ -109,7 +122,8 @@ class Pipeline {
   int64_t ready_count_locked(const Output& o) const;  // under mutex_
   bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
-  void build(int output, int64_t step, int thread, std::vector<int64_t>& ids_scratch, Batch* batch);
+  // scratch: ids (unless the layout has an index part), then a mixture's sources and local ids.
+  void build(int output, int64_t step, int thread, std::vector<int64_t>& scratch, Batch* batch);
 
   std::shared_ptr<BatchSource> source_;
   std::shared_ptr<const BatchLayout> layout_;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/batch_plan.h"
 #include "core/permutation.h"
 #include "core/shard_order.h"
 
@@ -84,21 +85,29 @@ struct BatchSpan {
 // wrapping around its own order; drop: the smallest's), and the global sequence is W*L long:
 // position start + q, inside rank r's slice, is the rank's local position start/W + (the number
 // of the rank's positions before it in the steps from start). start must be a multiple of W.
-class EpochPlan {
+class EpochPlan final : public BatchPlan {
  public:
   EpochPlan(const SamplerConfig& cfg, int64_t epoch, int64_t start_position);
 
-  int64_t num_batches() const { return num_batches_; }
-  int64_t epoch() const { return epoch_; }
+  int64_t num_batches() const override { return num_batches_; }
+  int64_t epoch() const override { return epoch_; }
+  int64_t sample_epoch(int64_t /*step*/) const override { return epoch_; }
+  uint64_t seed() const override { return cfg_.seed; }
   int64_t start_position() const { return start_; }
   int64_t end_position() const { return end_; }        // length of the epoch's sequence
   int64_t global_batch() const { return global_batch_; }
-  int64_t max_batch_rows() const { return full_steps_ > 0 ? cfg_.batch_size : tail_share_; }
+  int64_t max_batch_rows() const override { return full_steps_ > 0 ? cfg_.batch_size : tail_share_; }
   // Global position after this rank has handed out k batches (the resume point).
-  int64_t position_after(int64_t batches_done) const;
+  int64_t position_after(int64_t batches_done) const override;
   BatchSpan batch(int64_t step) const;
   // ids[i] = sample id of the batch's i-th row; valid[i] = not padding (valid may be null).
   void fill_ids(const BatchSpan& span, int64_t* ids, bool* valid) const;
+  int64_t rows(int64_t step) const override { return batch(step).count; }
+  int64_t fill(int64_t step, const BatchRows& out) const override {
+    const BatchSpan span = batch(step);
+    fill_ids(span, out.ids, out.valid);
+    return span.count;
+  }
   const SamplerConfig& config() const { return cfg_; }
 
  private:

@@ -35,13 +35,15 @@ void LoaderRuntime::stop_transfers() {
     if (t) t->stop();
 }
 
-std::shared_ptr<Run> LoaderRuntime::start(std::vector<EpochPlan> plans, int64_t fail_at_step,
-                                          const std::vector<int>& devices) {
+std::shared_ptr<Run> LoaderRuntime::start(std::vector<std::shared_ptr<const BatchPlan>> plans,
+                                          int64_t fail_at_step, const std::vector<int>& devices) {
   if (devices.size() != plans.size()) throw std::invalid_argument("one device per sampler is needed");
   engine_->check_not_forked();
   auto run = std::make_shared<Run>();
-  run->epoch = plans.empty() ? 0 : plans[0].epoch();
+  run->epoch = plans.empty() ? 0 : plans[0]->epoch();
   run->handed.assign(devices.size(), 0);
+  if (!plans.empty() && plans[0]->num_sources() > 1)
+    run->stats.source_rows.assign(static_cast<size_t>(plans[0]->num_sources()), 0);
   std::vector<OutputSpec> outputs;
   for (size_t d = 0; d < plans.size(); ++d) outputs.push_back({std::move(plans[d]), devices[d] >= 0});
   // The old epoch first: its transfer threads then see Cancelled at once instead of at their

@@ -54,7 +54,8 @@ class LoaderRuntime {
 
   // Cancels the running epoch and starts one over `plans`; devices[d] is -1 for a CPU output,
   // else the CUDA device of output d. Call without the GIL.
-  std::shared_ptr<Run> start(std::vector<EpochPlan> plans, int64_t fail_at_step, const std::vector<int>& devices);
+  std::shared_ptr<Run> start(std::vector<std::shared_ptr<const BatchPlan>> plans, int64_t fail_at_step,
+                             const std::vector<int>& devices);
   void close();  // stops the threads, drains the streams; batches users hold stay valid
 
   // The next batch of a CPU output / a GPU output (the consumer's `stream` is made to wait on

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fastload {
 
@@ -21,6 +22,8 @@ struct RunStats {
   int64_t batches = 0, samples = 0, bytes = 0;
   int64_t wait_ns = 0;
   int64_t ready_sum = 0;  // batches ready at each next() call, summed
+  // A mixture's rows handed out per source (empty for one source); the plan counts them.
+  std::vector<int64_t> source_rows;
 
   // Records one hand-out; returns the wait share over the last kWindow batches once that many
   // were handed out (else a negative value).

@@ -2,15 +2,16 @@
 from ._dataset import Dataset, Windows
 from ._disk import DatasetError, DiskDataset
 from ._loader import Loader, LoaderIterator
+from ._mix import Mix
 from ._python_source import PythonSource, SampleError, sample_rng
 from ._ragged import Ragged
 from ._source import Source
 from ._state import STATE_VERSION
-from ._stats import LoaderStats, StageStats
+from ._stats import LoaderStats, SourceStats, StageStats
 from ._tune import TunePoint, TuneResult, tune
 from ._writer import DatasetWriter, write_dataset
 
 __version__ = "0.1.0"
 __all__ = ["Dataset", "Windows", "Ragged", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
-           "Loader", "LoaderIterator", "Source", "PythonSource", "SampleError", "sample_rng", "LoaderStats", "StageStats", "STATE_VERSION",
+           "Loader", "LoaderIterator", "Mix", "Source", "PythonSource", "SampleError", "sample_rng", "LoaderStats", "SourceStats", "StageStats", "STATE_VERSION",
            "tune", "TuneResult", "TunePoint", "__version__"]

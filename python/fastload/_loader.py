@@ -15,17 +15,20 @@ from . import _C, _lifecycle
 from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory_limit
 from ._environment import default_num_threads, resolve_device, resolve_rank
 from ._dataloader_args import refuse_dataloader_args
+from ._mix import Mix
 from ._python_source import PythonSource
 from ._workers import WorkerProcesses
 from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
-from ._state import check_state, make_state
-from ._stats import LoaderStats
+from ._state import check_state, check_stream_state, make_state, make_stream_state
+from ._stats import LoaderStats, SourceStats
+from ._stream import Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
 
 _EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
 _ORDER: tuple[str, ...] = tuple(_C.ORDERS)
 _PARTITION: tuple[str, ...] = tuple(_C.PARTITIONS)
 _WORKERS = ("threads", "processes")
 _MAX_SEED = 2**64 - 1
+_MAX_STEPS = 2**62
 # prefetch=None: as many batches as fit in this budget, at most PREFETCH_MAX, and never fewer
 # than keep every stage busy (see default_prefetch). Small batches come every few µs, and a deeper
 # window lets the consumer take several per wake-up. Large ones want few: batches that fit in
@@ -82,7 +85,8 @@ class Loader:
     drop_last) and the resume position; threads, prefetch and timing never change it.
 
     Args:
-        source: a ``fastload.Dataset`` or ``fastload.Windows``.
+        source: a ``fastload.Dataset``, ``fastload.Windows``, dataset directory, map-style Python
+            dataset, or a ``fastload.Mix`` of several (each in a set share of every batch).
         batch_size: samples per batch on each device (the global batch is batch_size x
             world_size, x devices after split()).
         shuffle: a seeded permutation per epoch (O(1) memory); else the source's order.
@@ -112,6 +116,9 @@ class Loader:
         partition: "samples" (any sample to any rank; elastic) or "shards" (whole shards of a
             sharded source per rank, balanced by rows: reads stay local; resumes mid-epoch only
             at the same world size).
+        steps: train for exactly this many full batches, across as many epochs of each source as
+            it takes (len(loader) == steps; each iter() continues with the next step; no
+            set_epoch). A Mix without steps= has epochs of ceil(len(mix) / global batch) steps.
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
@@ -124,7 +131,8 @@ class Loader:
                  streams: int = 1, with_index: bool = False, partition: str = "samples",
                  num_workers: int | None = None, workers: str = "threads", pad: Any = None, max_length: Any = None,
                  collate_fn: Any = None, worker_init_fn: Any = None, timeout: float | None = None,
-                 pin_memory: bool | None = None, persistent_workers: bool | None = None, **dataloader_args: Any):
+                 pin_memory: bool | None = None, persistent_workers: bool | None = None, steps: int | None = None,
+                 **dataloader_args: Any):
         refuse_dataloader_args(dataloader_args)
         self._batch_size = _as_int("batch_size", batch_size)
         if self._batch_size <= 0:
@@ -139,6 +147,9 @@ class Loader:
             raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
         if even not in _EVEN:
             raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
+        self._steps = None if steps is None else _as_int("steps", steps)
+        if self._steps is not None and not 0 < self._steps <= _MAX_STEPS:
+            raise ValueError(f"steps must be a positive number of batches (at most 2**62), got {self._steps}")
         if prefetch is not None:
             prefetch = _as_int("prefetch", prefetch)
             if prefetch <= 0:
@@ -159,9 +170,16 @@ class Loader:
             raise ValueError(f"workers must be one of {_WORKERS}, got {workers!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
             raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
-        source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
-                           worker_init_fn=worker_init_fn, seed=self._seed)
-        self._check_python_options(source, workers, bool(with_index), even)
+        # A Mix is read through one native MixSource, or one PythonSource over its Python datasets.
+        self._mix = source if isinstance(source, Mix) else None
+        if self._mix is not None:
+            source = self._mix.reader(pad=pad, max_length=max_length, collate_fn=collate_fn,
+                                      worker_init_fn=worker_init_fn, seed=self._seed)
+        else:
+            source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
+                               worker_init_fn=worker_init_fn, seed=self._seed)
+        with_source = self._mix is not None and self._mix.with_source
+        self._check_python_options(source, workers, bool(with_index), even, with_source)
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)
         if partition not in _PARTITION:
             raise ValueError(f"partition must be one of {_PARTITION}, got {partition!r}")
@@ -174,15 +192,19 @@ class Loader:
             if shards < self._world_size:
                 raise ValueError(f"partition='shards' needs at least world_size={self._world_size} non-empty "
                                  f"shards, got {shards}")
+        stream = self._steps is not None or self._mix is not None
+        if stream:
+            self._check_stream_options(even, partition)
         self._partition = partition
         self._resume_replicas: int | None = None  # partition="shards": the world size a state needs
         self._device = resolve_device(device)
         check_batch_limits(source, batch_size=self._batch_size, world_size=self._world_size)
         # No batch holds more than min(batch_size, len(source)) rows (the contract's padding never
-        # makes a rank's batch exceed the dataset), so buffers are sized for that.
-        max_rows = min(self._batch_size, len(source))
+        # makes a rank's batch exceed the dataset), so buffers are sized for that. A stream's steps
+        # are always full: a source that runs out starts its next epoch within the batch.
+        max_rows = self._batch_size if stream else min(self._batch_size, len(source))
         native = source.native_source()
-        layout = batch_layout(native, max_rows, bool(with_index), even == "mask")
+        layout = batch_layout(native, max_rows, bool(with_index), even == "mask", with_source)
         prefetch_origin = ""
         if prefetch is None:
             copy_streams = self._streams if self._device.type == "cuda" else 0
@@ -206,9 +228,16 @@ class Loader:
                                           "workers='threads', or device='cpu' and move batches yourself")
             self._workers = WorkerProcesses(source, threads)  # pickles the dataset now: errors come early
         self._engine = _C.Engine(native, max_rows, threads, self._prefetch, self._with_index, even == "mask",
-                                 self._streams, self._workers.memory if self._workers else None)
+                                 self._streams, self._workers.memory if self._workers else None, with_source)
         if timeout:
             self._engine.set_timeout(float(timeout))
+        # Step-based mode (steps=): the stream, its anchor and its runs (see _stream.py).
+        self._runs: StreamRuns | None = None
+        if stream:
+            sources = self._mix.stream_sources() if self._mix is not None else StreamSources.single(source)
+            self._runs = StreamRuns(Stream(sources, seed=self._seed, shuffle=self._shuffle, order=order),
+                                    self._steps, len(self._mix if self._mix is not None else source))
+        self._run_anchor: Anchor | None = None  # the schedule the running stream run uses
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
         self._run_start = 0  # the running epoch's start position (non-zero after a resume)
@@ -224,16 +253,26 @@ class Loader:
         _lifecycle.register(self)
 
     @staticmethod
-    def _check_python_options(source: Any, workers: str, with_index: bool, even: str) -> None:
+    def _check_python_options(source: Any, workers: str, with_index: bool, even: str, with_source: bool = False) -> None:
         python = isinstance(source, PythonSource)
         if workers == "processes" and not python:
             raise ValueError("workers='processes' runs a Python dataset's __getitem__ in worker processes; "
                              f"{type(source).__name__} is gathered natively by threads")
-        if python and (with_index or even == "mask") and (source.collates or not source.dict_samples):
-            what = "with_index=True" if with_index else "even='mask'"
+        if python and (with_index or even == "mask" or with_source) and (source.collates or not source.dict_samples):
+            what = "with_index=True" if with_index else "even='mask'" if even == "mask" else "Mix(with_source=True)"
             how = "with collate_fn" if source.collates else "with samples that are not dicts"
             raise ValueError(f"{what} adds 'index'/'valid' to each batch dict; that is not possible {how}: "
                              "return a dict from __getitem__")
+
+    @staticmethod
+    def _check_stream_options(even: str, partition: str) -> None:
+        what = "steps= or a Mix (step-based sampling)"
+        if even == "mask":
+            raise ValueError(f"even='mask' has nothing to mask with {what}: every step is full, a source that runs "
+                             "out starts its next epoch within the batch; use even='pad' (the default)")
+        if partition == "shards":
+            raise ValueError(f"partition='shards' is not available with {what}: a stream deals every step's samples "
+                             "to all ranks; use partition='samples'")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -257,8 +296,9 @@ class Loader:
         return self._num_threads
 
     @property
-    def dataset(self) -> Source:
-        return self._source
+    def dataset(self) -> Any:
+        """The source as given (a Mix too)."""
+        return self._mix if self._mix is not None else self._source
 
     # ------------------------------------------------------------------ sampling
     def _samplers(self, devices: int) -> list[Any]:
@@ -271,25 +311,80 @@ class Loader:
     def __len__(self) -> int:
         """Batches per epoch that one iterator yields: this rank's batches with iter(); after
         split(devices), each device's batches (the same for every device), until an iter()
-        without split() again. len() of an iterator gives its remaining batches."""
+        without split() again. len() of an iterator gives its remaining batches. With steps=N: N."""
+        if self._runs is not None:
+            if self._steps is not None:
+                return self._steps
+            return self._runs.steps_per_epoch(self._batch_size * self._world_size * self._outputs)
         return self._samplers(self._outputs)[0].num_batches(0)
 
-    def plan(self, epoch: int) -> np.ndarray:
-        """This rank's sample ids for an epoch, in the order its batches hold them (int64)."""
+    def plan(self, epoch: int | None = None, *, steps: tuple[int, int] | None = None) -> np.ndarray:
+        """This rank's sample ids for an epoch, in the order its batches hold them (int64). With
+        steps=N: plan() gives the whole run's, plan(steps=(a, b)) those of global steps [a, b)."""
+        if self._runs is not None:
+            return self._stream_plan(epoch, steps)
+        if steps is not None:
+            raise ValueError("plan(steps=...) is for a loader with steps= (or a Mix); this one runs epochs: plan(epoch)")
+        if epoch is None:
+            raise TypeError("plan() needs the epoch: plan(epoch)")
         epoch = _as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         return self._samplers(1)[0].plan(epoch, 0, memory_limit())
 
+    def _stream_plan(self, epoch: int | None, steps: tuple[int, int] | None) -> np.ndarray:
+        runs = self._runs
+        assert runs is not None
+        g = self._batch_size * self._world_size
+        if self._steps is not None:
+            if epoch is not None:
+                raise ValueError(f"a loader with steps= has no epochs: plan() gives all {self._steps} steps, "
+                                 f"plan(steps=(first, end)) a range; got epoch={epoch!r}")
+            first, end = (0, self._steps) if steps is None else self._step_range(steps)
+        else:
+            if steps is not None:
+                first, end = self._step_range(steps)
+            else:
+                if epoch is None:
+                    raise TypeError("plan() needs the epoch: plan(epoch)")
+                epoch = _as_int("epoch", epoch)
+                if epoch < 0:
+                    raise ValueError(f"epoch must be non-negative, got {epoch}")
+                spe = runs.steps_per_epoch(g)
+                first, end = epoch * spe, (epoch + 1) * spe
+        with self._lock:
+            anchor = runs.stream.anchor_for(g)
+            if first < anchor.origin:
+                raise ValueError(f"steps before {anchor.origin} were scheduled with another global batch size or other "
+                                 f"weights (the schedule was re-anchored there); got steps from {first}")
+            sampler = runs.stream.sampler(anchor, self._batch_size, self._world_size, self._rank)
+        return sampler.plan(first, end, memory_limit())
+
+    @staticmethod
+    def _step_range(steps: Any) -> tuple[int, int]:
+        if not isinstance(steps, (tuple, list)) or len(steps) != 2:
+            raise ValueError(f"steps must be (first, end), a range of global steps, got {steps!r}")
+        first, end = _as_int("steps[0]", steps[0]), _as_int("steps[1]", steps[1])
+        if not 0 <= first <= end <= _MAX_STEPS:
+            raise ValueError(f"steps must be (first, end) with 0 <= first <= end, got {steps!r}")
+        return first, end
+
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iter() run this epoch (from the resumed position, if it is the one
         load_state_dict restored)."""
+        if self._steps is not None:
+            raise ValueError(f"a loader with steps={self._steps} has no epochs: each iter() continues with the next "
+                             "step not handed out yet (state_dict()/load_state_dict() resume anywhere)")
         epoch = _as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self._lock:
+            if self._runs is not None and self._runs.resume is not None and self._runs.resume.epoch == epoch:
+                return
             if self._pending is not None and self._pending[0] == epoch:
                 return
+            if self._runs is not None:
+                self._runs.resume = None
             self._pending = (epoch, 0)
 
     # ------------------------------------------------------------------ iteration
@@ -303,7 +398,9 @@ class Loader:
             self._check_usable()
             check_fingerprint(self._source, self._fingerprint)
             indices = [self._gpu_index(dev) for dev in devices]
-            if self._pending is not None:
+            if self._runs is not None:
+                stream_run = self._next_stream_run(len(devices))  # raises before anything changes
+            elif self._pending is not None:
                 epoch, start = self._pending
                 replicas = self._world_size * len(devices)
                 if start and self._resume_replicas not in (None, replicas):
@@ -321,14 +418,42 @@ class Loader:
             if self._workers is not None and not self._workers.started:
                 fds, pids = self._workers.start()
                 _C._attach_workers(self._native, fds, pids, self._workers.memory)
-            run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
-            self._run_start = start
+            if self._runs is not None:
+                run = self._start_stream(stream_run, indices)
+            else:
+                run = self._engine.start(self._samplers(len(devices)), epoch, start, self._fail_at_batch, indices)
+                self._run_start = start
+                self._last_epoch = epoch
             self._pending = None
             self._run, self._outputs = run, len(devices)
-            self._last_epoch = epoch
             self._replicas = self._world_size * len(devices)
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches)
                     for d, i in enumerate(indices)]
+
+    def _next_stream_run(self, devices: int) -> tuple[int, int, int, Anchor, list[Any]]:
+        """(epoch, first step, end step, anchor, one sampler per device) of a step-based loader's
+        next run (under self._lock); changes nothing."""
+        runs = self._runs
+        assert runs is not None
+        replicas = self._world_size * devices
+        stand, rerun = None, None
+        if self._run is not None:
+            stand = Stand(self._run_anchor, _position(self._run, self._outputs))
+            if all(self._run.handed(d) == 0 for d in range(self._outputs)):
+                rerun = (self._run.epoch, self._run_start)
+        epoch, first, end, anchor = runs.start(self._batch_size * replicas, stand=stand,
+                                               pending_epoch=self._pending[0] if self._pending else None,
+                                               rerun=rerun, next_epoch=self._last_epoch + 1)
+        samplers = [runs.stream.sampler(anchor, self._batch_size, replicas, self._rank * devices + d)
+                    for d in range(devices)]
+        return epoch, first, end, anchor, samplers
+
+    def _start_stream(self, stream_run: tuple[int, int, int, Anchor, list[Any]], indices: list[int]) -> Any:
+        epoch, first, end, anchor, samplers = stream_run
+        run = self._engine.start_stream(samplers, first, end, epoch, self._fail_at_batch, indices)
+        self._runs.begun(anchor)
+        self._run_start, self._run_anchor, self._last_epoch = first, anchor, epoch
+        return run
 
     def _gpu_index(self, device: torch.device) -> int:
         """-1 for the CPU; else the GPU's index, after checking (at the first GPU iter(), never
@@ -364,6 +489,8 @@ class Loader:
         """Where the next batch comes from: counts batches handed out (on every device after
         split), not batches built ahead."""
         with self._lock:
+            if self._runs is not None:
+                return self._stream_state()
             if self._pending is not None:
                 epoch, position = self._pending
             elif self._run is None:
@@ -377,11 +504,50 @@ class Loader:
                               position=position, batch_size=self._batch_size, replicas=self._replicas,
                               partition=self._partition)
 
+    def _stream_state(self) -> dict[str, Any]:
+        runs = self._runs
+        assert runs is not None
+        st = runs.stream
+        if runs.resume is not None:  # loaded, not started yet: the same state back
+            return dict(runs.resume.state)
+        replicas = self._replicas
+        g = self._batch_size * replicas
+        if self._run is None or self._pending is not None:
+            anchor = st.anchor_for(g) if self._run is None else self._run_anchor
+            epoch = 0 if self._steps is not None else (self._pending[0] if self._pending else self._last_epoch + 1)
+            g = anchor.global_batch
+            step = 0 if self._steps is not None else epoch * runs.steps_per_epoch(g)
+            if step < anchor.origin:
+                step = anchor.origin
+        else:
+            anchor = self._run_anchor
+            step = _position(self._run, self._outputs)
+            epoch = self._run.epoch
+            if self._steps is None and _finished(self._run, self._outputs):
+                epoch += 1
+        base, shares = st.quotas(anchor.global_batch, anchor.weights)
+        schedule = {"global_batch_size": anchor.global_batch, "weights": weights_text(anchor.weights),
+                    "origin": anchor.origin, "base_positions": list(anchor.base_positions), "base": base,
+                    "shares": shares, "phase": _C.mix_phase(self._seed)}
+        src = st.sources
+        return make_stream_state(names=list(src.names), num_samples=list(src.lengths), seed=self._seed,
+                                 shuffle=self._shuffle, order=self._order, steps=self._steps, epoch=epoch, step=step,
+                                 batch_size=self._batch_size, replicas=replicas,
+                                 steps_per_epoch=None if self._steps is not None else runs.steps_per_epoch(g),
+                                 schedule=schedule, positions=st.positions(anchor, step),
+                                 weights_given=self._weights_given())
+
+    def _weights_given(self) -> Any:
+        return self._mix.given if self._mix is not None else None
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a state_dict(): the next iter() continues exactly where it stopped, also with
         another world size or batch size (from the same global sample position)."""
         with self._lock:
             self._check_usable()
+            if self._runs is not None:
+                self._load_stream_state(state)
+                return
             state = check_state(state, num_samples=len(self._source), shuffle=self._shuffle, order=self._order,
                                 partition=self._partition)
             # Whole shards per rank depend on the world size: a mid-epoch state resumes only at the
@@ -394,12 +560,29 @@ class Loader:
                                  "at the same world size")
             self._resume_replicas = saved if self._partition == "shards" else None
             self._seed = int(state["seed"])
-            if self._run is not None:
-                self._run.superseded = True
-                self._run.cancel()
-                self._run = None
+            self._supersede()
             self._pending = (int(state["epoch"]), int(state["position"]))
             self._last_epoch = self._pending[0] - 1
+
+    def _supersede(self) -> None:
+        if self._run is not None:
+            self._run.superseded = True
+            self._run.cancel()
+            self._run = None
+
+    def _load_stream_state(self, state: dict[str, Any]) -> None:
+        runs = self._runs
+        assert runs is not None
+        src = runs.stream.sources
+        parsed = check_stream_state(state, names=list(src.names), num_samples=list(src.lengths),
+                                    shuffle=self._shuffle, order=self._order)
+        self._seed = runs.stream.seed = parsed["seed"]
+        anchor = Anchor(parsed["anchor_batch"], parsed["weights"], parsed["origin"], tuple(parsed["base_positions"]))
+        runs.resume = Resume(parsed["epoch"], parsed["step"], parsed["global_batch"], anchor,
+                             tuple(parsed["positions"]), dict(state))
+        self._supersede()
+        self._pending = None
+        self._last_epoch = parsed["epoch"] - 1
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
@@ -443,7 +626,20 @@ class Loader:
                        "num_threads": self._num_threads, "prefetch": self._prefetch, "streams": self._streams}
             else:
                 run = self._engine.stats(self._run)
-            return LoaderStats._from_native(run, memory)
+            return LoaderStats._from_native(run, memory, self._source_stats(run) if self._runs is not None else None)
+
+    def _source_stats(self, run: dict[str, Any]) -> dict[str, SourceStats]:
+        """Per source: samples handed out this run (counted natively at each hand-out, from the
+        plan), and the stream's position in it at the next step (under self._lock)."""
+        src = self._runs.stream.sources
+        if self._run is None:
+            samples = [0] * len(src.names)
+            positions = self._stream_state()["positions"]
+        else:
+            samples = list(run.get("source_samples") or [run["samples"]])
+            positions = self._run.stream_positions(0, min(self._run.handed(d) for d in range(self._outputs)))
+        return {name: SourceStats(samples=k, epochs=p // n, position=p)
+                for name, k, p, n in zip(src.names, samples, positions, src.lengths)}
 
     def _memory(self) -> dict[str, int]:
         """Bytes and buffers the loader's pools have allocated and not freed (batches users still

@@ -47,7 +47,7 @@ def _failure(e: BaseException) -> tuple[bytes, bytes]:
     return str(e).encode(errors="replace"), pickled
 
 
-def main(conn: Any, index: int, payload: bytes) -> None:
+def main(conn: Any, index: int) -> None:
     # Ctrl-C goes to the whole process group: it is the training loop's to handle; this worker
     # ends when the main process closes its socket (or dies).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -57,9 +57,14 @@ def main(conn: Any, index: int, payload: bytes) -> None:
     from . import _C
 
     sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        payload = conn.recv_bytes()  # the dataset, pickled once by the main process
+    except (EOFError, OSError):
+        return  # the loader closed before this worker started
     conn.close()
     try:
         dataset, use_getitems, collate, worker_init, leaves, tree, size = pickle.loads(payload)
+        del payload  # a large dataset would otherwise be held twice, pickled and unpickled
         getitems = getattr(dataset, "__getitems__", None) if use_getitems else None
         native = _C._python_source_native(_C.PythonSource(dataset, getitems, collate, worker_init, leaves, tree, size))
     except BaseException as e:  # noqa: BLE001 - reported to start(), which raises it
@@ -101,8 +106,12 @@ def main(conn: Any, index: int, payload: bytes) -> None:
         try:
             addresses = [maps[segment][1] + offset for segment, offset in where.tolist()]
             extras = native.fill_rows(ids, addresses, seed, epoch, step, index)
+            status, message = 0, b""
             out = b"" if extras is None else pickle.dumps(extras, protocol=pickle.HIGHEST_PROTOCOL)
-            _reply(sock, 0, b"", out)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the training loop
-            message, pickled = _failure(e)
-            _reply(sock, 1, message, pickled)
+            status = 1
+            message, out = _failure(e)
+        try:
+            _reply(sock, status, message, out)
+        except OSError:
+            return  # the loader closed while this batch was built (close(), break, exit): nobody waits for it

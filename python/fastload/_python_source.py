@@ -45,13 +45,18 @@ class SampleError(RuntimeError):
 
 # ---------------------------------------------------------------------------- sample_rng
 _probe = threading.local()  # the sample being read at construction (inferring the structure)
+# Inside a Mix part's __getitems__: the part's first id in the Mix, so that sample_rng(i) with the
+# part's own index i is keyed by the id in the Mix, as sample_rng() is in __getitem__.
+id_offset = threading.local()
 
 
 def sample_rng(index: int | None = None) -> np.random.Generator:
     """A numpy Generator for the sample being fetched, seeded from (the loader's seed, the epoch,
     the sample index): call it inside __getitem__ for augmentations. The same sample in the same
     epoch gets the same random stream for any number or kind of workers and after a resume.
-    Inside __getitems__ (several samples per call), pass the sample's index."""
+    Inside __getitems__ (several samples per call), pass the sample's index. With steps= or a
+    Mix, "epoch" is the global step (a sample read again in a later epoch of its source is in
+    another step) and a Mix's sample index is its id in the Mix."""
     context = _C._sample_context()
     if context is None:
         context = getattr(_probe, "context", None)
@@ -63,6 +68,8 @@ def sample_rng(index: int | None = None) -> np.random.Generator:
         if current < 0:
             raise RuntimeError("inside __getitems__ fastload.sample_rng(i) needs the sample's index i")
         index = current
+    else:
+        index = int(index) + getattr(id_offset, "value", 0)
     # SeedSequence mixes all three words: nearby seeds, epochs and indices give unrelated streams.
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, int(index), 0x5EED])))
 

@@ -75,9 +75,9 @@ def redeclare(source: Any, shard_rows: list[int] | None) -> Any:
     return source
 
 
-def batch_layout(native: Any, max_rows: int, with_index: bool, with_valid: bool) -> Any:
+def batch_layout(native: Any, max_rows: int, with_index: bool, with_valid: bool, with_source: bool = False) -> Any:
     """The layout of this source's batches (part names, types and sizes), from the native side."""
-    return _C.BatchLayout(native, max_rows, with_index, with_valid)
+    return _C.BatchLayout(native, max_rows, with_index, with_valid, with_source)
 
 
 def batch_bytes_of(source: Any, batch_size: int, with_index: bool = False, with_valid: bool = False) -> int:

@@ -60,6 +60,9 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str,
     """Validates a state for a loader over num_samples samples; returns it."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+    if state.get("mode") == "stream":
+        raise ValueError("state was saved by a step-based loader (steps= or a Mix); this loader runs epochs of one "
+                         "source without steps=: the sample order would differ")
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
         raise ValueError(f"state is missing {missing}; was it made by Loader.state_dict()?")
@@ -99,3 +102,93 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str,
             "position": (_state_int(state, "position", 0, num_samples, f"the dataset length {num_samples}")
                          if partition == "samples" else _state_int(state, "position", 0, 2**62, "2**62")),
             "seed": _state_int(state, "seed", 0, 2**64 - 1, "2**64 - 1")}
+
+
+# ---------------------------------------------------------------------------- step-based streams
+STREAM_STATE_VERSION = 2
+_STREAM_REQUIRED = ("version", "mode", "num_samples", "names", "seed", "shuffle", "order", "epoch", "step",
+                    "global_batch_size", "schedule", "positions")
+
+
+def make_stream_state(*, names: list[str], num_samples: list[int], seed: int, shuffle: bool, order: str,
+                      steps: int | None, epoch: int, step: int, batch_size: int, replicas: int,
+                      steps_per_epoch: int | None, schedule: dict[str, Any], positions: list[int],
+                      weights_given: Any = None) -> dict[str, Any]:
+    """step: the global step of the next batch; positions: every source's stream position there;
+    schedule: the anchor (global batch, exact weights, origin, base positions) and its integer
+    quotas (base, shares, phase), which a resume with the same configuration continues."""
+    return {
+        "version": STREAM_STATE_VERSION,
+        "mode": "stream",
+        "names": list(names),
+        "num_samples": list(num_samples),
+        "seed": seed,
+        "shuffle": shuffle,
+        "order": order,
+        "steps": steps,
+        "epoch": epoch,
+        "step": step,
+        "steps_per_epoch": steps_per_epoch,
+        "batch_size": batch_size,
+        "world_size": replicas,
+        "global_batch_size": batch_size * replicas,
+        "weights": weights_given,
+        "schedule": dict(schedule),
+        "positions": list(positions),
+    }
+
+
+def _int_list(state: dict[str, Any], where: str, value: Any, count: int, high: int) -> list[int]:
+    if not isinstance(value, (list, tuple)) or len(value) != count:
+        raise ValueError(f"state{where} must be a list of {count} integers, got {value!r}")
+    return [_state_int({"v": v}, "v", 0, high, str(high)) for v in value]
+
+
+def check_stream_state(state: Any, *, names: list[str], num_samples: list[int], shuffle: bool, order: str,
+                       stream: bool = True) -> dict[str, Any]:
+    """Validates a state for a step-based loader over these sources; returns the parsed fields
+    (epoch, step, seed, global_batch, origin, base_positions, weights, positions)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+    if state.get("mode") != "stream":
+        raise ValueError("state was saved by a loader without steps= or a Mix (epoch by epoch over one source); this "
+                         "loader runs a step-based stream (steps= or a Mix): the sample order would differ")
+    missing = [k for k in _STREAM_REQUIRED if k not in state]
+    if missing:
+        raise ValueError(f"state is missing {missing}; was it made by Loader.state_dict()?")
+    if state["version"] != STREAM_STATE_VERSION or isinstance(state["version"], bool):
+        raise ValueError(f"stream state version {state['version']!r} is not supported (this fastload reads version "
+                         f"{STREAM_STATE_VERSION})")
+    saved_names = state["names"]
+    if not isinstance(saved_names, list) or len(saved_names) != len(names):
+        raise ValueError(f"state was saved for {len(saved_names) if isinstance(saved_names, list) else saved_names!r} "
+                         f"sources {saved_names!r}; this loader has {len(names)}: {names}")
+    if list(saved_names) != list(names):
+        raise ValueError(f"state was saved for the sources {saved_names}; this loader's are {names}: refusing to "
+                         "resume on other sources")
+    if list(state["num_samples"]) != list(num_samples) or any(isinstance(n, bool) for n in state["num_samples"]):
+        raise ValueError(f"state was saved for sources of {state['num_samples']!r} samples; this loader's have "
+                         f"{num_samples}: refusing to resume on other data")
+    if _state_bool(state, "shuffle") != shuffle or (shuffle and state["order"] != order):
+        raise ValueError(f"state was saved with shuffle={state['shuffle']}, order={state['order']!r}; this loader has "
+                         f"shuffle={shuffle}, order={order!r}: the sample order would differ")
+    schedule = state["schedule"]
+    if not isinstance(schedule, dict):
+        raise ValueError(f"state['schedule'] must be a dict, got {schedule!r}")
+    for key in ("global_batch_size", "weights", "origin", "base_positions"):
+        if key not in schedule:
+            raise ValueError(f"state['schedule'] is missing {key!r}; was it made by Loader.state_dict()?")
+    from ._stream import parse_weights  # noqa: PLC0415 - _stream imports nothing from here
+
+    n = len(names)
+    return {
+        "epoch": _state_int(state, "epoch", 0, MAX_EPOCH, "2**62"),
+        "step": _state_int(state, "step", 0, 2**62, "2**62"),
+        "seed": _state_int(state, "seed", 0, 2**64 - 1, "2**64 - 1"),
+        "global_batch": _state_int(state, "global_batch_size", 1, 2**40, "2**40"),
+        "anchor_batch": _state_int(schedule, "global_batch_size", 1, 2**40, "2**40"),
+        "origin": _state_int(schedule, "origin", 0, 2**62, "2**62"),
+        "base_positions": _int_list(state, "['schedule']['base_positions']", schedule["base_positions"], n, 2**62),
+        "weights": parse_weights(schedule["weights"], n),
+        "positions": _int_list(state, "['positions']", state["positions"], n, 2**62),
+    }

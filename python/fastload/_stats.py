@@ -18,6 +18,17 @@ class StageStats:
 
 
 @dataclass(frozen=True)
+class SourceStats:
+    """One source of a step-based loader (a Mix, or steps=): samples this loader handed out from
+    it in the current run (all its devices; this rank only), and where the whole stream (every
+    rank) stands in it at the next step: its stream position and the epochs of it completed."""
+
+    samples: int = 0
+    epochs: int = 0
+    position: int = 0
+
+
+@dataclass(frozen=True)
 class LoaderStats:
     """Counters of the current epoch (since its iter()/split()), and the memory the loader holds.
 
@@ -33,6 +44,8 @@ class LoaderStats:
       thread saw them complete (an upper bound on the copy time).
     - pinned_bytes, device_bytes, host_bytes: memory the loader's pools hold (batches you keep
       included); host_allocations, device_allocations: buffers allocated so far.
+    - sources: a step-based loader's (a Mix, or steps=) per-source counts, by source name (see
+      SourceStats); empty otherwise.
     """
 
     epoch: int
@@ -53,6 +66,7 @@ class LoaderStats:
     host_allocations: int = 0
     device_allocations: int = 0
     user_s: float = 0.0
+    sources: dict[str, SourceStats] = field(default_factory=dict)
 
     @property
     def wait_share(self) -> float:
@@ -63,7 +77,8 @@ class LoaderStats:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
     @classmethod
-    def _from_native(cls, run: dict[str, Any], memory: dict[str, int]) -> "LoaderStats":
+    def _from_native(cls, run: dict[str, Any], memory: dict[str, int],
+                     sources: dict[str, SourceStats] | None = None) -> "LoaderStats":
         return cls(epoch=run["epoch"], batches=run["batches"], samples=run["samples"], bytes=run["bytes"],
                    wait_s=run["wait_s"], wall_s=run["wall_s"], ready_mean=run["ready_mean"],
                    collation=StageStats(**run["collation"]),
@@ -71,7 +86,8 @@ class LoaderStats:
                    num_threads=run["num_threads"], prefetch=run["prefetch"], streams=run["streams"],
                    pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
-                   device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0))
+                   device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0),
+                   sources=dict(sources or {}))
 
     def __str__(self) -> str:
         def ms(s: float) -> str:
@@ -92,6 +108,9 @@ class LoaderStats:
         for device, c in self.copy.items():
             rows.append((f"copy {device}", f"{c.busy_s:.3f} s; p50 {ms(c.p50_s)}, p99 {ms(c.p99_s)} per batch "
                                            f"({self.streams} streams)"))
+        for name, src in self.sources.items():
+            rows.append((f"source {name}", f"{src.samples:,} samples handed out; {src.epochs:,} epochs completed "
+                                           f"(position {src.position:,})"))
         rows.append(("memory", f"pinned {self.pinned_bytes / 1e6:,.1f} MB, device {self.device_bytes / 1e6:,.1f} MB, "
                                f"host {self.host_bytes / 1e6:,.1f} MB"))
         rows.append(("allocations", f"host {self.host_allocations}, device {self.device_allocations}"))

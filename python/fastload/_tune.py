@@ -1,5 +1,6 @@
 """``fl.tune()`` and ``python -m fastload tune``: measure a source's throughput over a grid of
-num_threads x prefetch (x streams on a GPU) and recommend the cheapest near-fastest setting."""
+num_threads x prefetch (x streams on a GPU; x workers, threads or processes, for a Python
+dataset) and recommend the cheapest near-fastest setting."""
 from __future__ import annotations
 
 import contextlib
@@ -13,20 +14,26 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO, Union
+from typing import Any, Iterator, Mapping, Sequence, TextIO, Union
 
 import numpy as np
 import torch
 
 from ._cli import ProgressLine, check_device, int_list, positive_float, positive_int
+from ._dataset_spec import check_map_style, is_spec, load_dataset, parse_arguments
 from ._source import Source, batch_bytes_of
 from ._dataset import Dataset, Windows
 from ._loader import Loader
+from ._python_source import PythonSource
 
 # A configuration within this share of the fastest counts as just as fast; among those the
 # recommendation takes the fewest threads, then the smallest prefetch (then the fewest streams).
 NEAR_FASTEST = 0.03
 DEFAULT_PREFETCH = (2, 4, 8, 16, 32)
+# A Python dataset adds the workers axis and a worker process start per configuration and round:
+# fewer prefetch values keep a run near a minute (prefetch matters less where __getitem__ costs more).
+DEFAULT_PREFETCH_PYTHON = (2, 8, 32)
+DEFAULT_WORKERS = ("threads", "processes")
 DEFAULT_STREAMS = (1, 2, 4)
 DEFAULT_REPEATS = 3
 # seconds=None spreads about this much measuring time over the grid's points and rounds...
@@ -41,7 +48,8 @@ _CONTENDED_CORES = 0.3
 _MEMORY_CAP = 1 << 30
 _REDRAW_S = 0.1
 
-SourceLike = Union[Dataset, Windows, np.ndarray, str, "os.PathLike[str]"]
+# A path, an array, a fastload source, "module:Class", or any map-style dataset object.
+SourceLike = Union[Dataset, Windows, np.ndarray, str, "os.PathLike[str]", Any]
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,8 @@ class TunePoint:
     """One configuration of the grid: its median samples/s over the rounds, the median share of
     wall time the loop spent blocked in next() (fastload's own count, loader.stats()), the
     samples/s of every round, and the CPU cores other processes used meanwhile (median over the
-    rounds; None where the system does not tell)."""
+    rounds; None where the system does not tell). ``workers``: "threads" or "processes" for a
+    Python dataset (num_threads is then its num_workers), None for arrays."""
 
     num_threads: int
     prefetch: int
@@ -58,10 +67,28 @@ class TunePoint:
     wait_share: float
     rounds: tuple[float, ...] = ()
     other_cores: float | None = None
+    workers: str | None = None
 
     @property
     def knobs(self) -> tuple[int, int, int]:
         return (self.num_threads, self.prefetch, self.streams)
+
+    @property
+    def key(self) -> tuple[int, int, int, str | None]:
+        """What identifies the configuration in a grid."""
+        return (self.num_threads, self.prefetch, self.streams, self.workers)
+
+    @property
+    def cost(self) -> tuple[bool, int, int, int]:
+        """The order among near-fastest configurations: threads before worker processes (a process
+        costs memory and a start-up), then fewer workers, a smaller prefetch, fewer streams."""
+        return (self.workers == "processes", self.num_threads, self.prefetch, self.streams)
+
+    def describe(self, gpu: bool) -> str:
+        streams = f" streams={self.streams}" if gpu else ""
+        if self.workers is None:
+            return f"num_threads={self.num_threads} prefetch={self.prefetch}{streams}"
+        return f"num_workers={self.num_threads} workers={self.workers!r} prefetch={self.prefetch}{streams}"
 
 
 @dataclass(frozen=True)
@@ -69,9 +96,10 @@ class TuneResult:
     """What ``fl.tune`` measured and recommends.
 
     ``args`` are keyword arguments for ``fl.Loader(source, **args)``: batch_size, num_threads
-    and prefetch (and device and streams on a GPU). ``recommended`` is the configuration with the
-    fewest threads, then the smallest prefetch, among those within 3% of ``fastest``. ``rows``
-    holds every configuration measured. ``print(result)`` shows the table.
+    and prefetch (num_workers, workers and prefetch for a Python dataset; and device and streams
+    on a GPU). ``recommended`` is the configuration with the fewest threads (threads before worker
+    processes), then the smallest prefetch, among those within 3% of ``fastest``. ``rows`` holds
+    every configuration measured. ``print(result)`` shows the table.
     """
 
     args: dict[str, Any]
@@ -95,15 +123,17 @@ class TuneResult:
         """One line per configuration, in grid order. spread: (max - min) / median of its rounds;
         others: CPU cores that other processes used while it was measured."""
         gpu = self.device.startswith("cuda")
+        python = self.python
         others = any(r.other_cores is not None for r in self.rows)
-        head = ["threads", "prefetch"] + (["streams"] if gpu else []) + \
+        head = (["num_workers", "workers"] if python else ["threads"]) + ["prefetch"] + (["streams"] if gpu else []) + \
                ["samples/s", "GB/s", "data wait", "spread"] + (["others"] if others else []) + [""]
         body = []
         for r in self.rows:
             mark = ", ".join(m for m, p in (("fastest", self.fastest), ("recommended", self.recommended))
-                             if p.knobs == r.knobs)
+                             if p.key == r.key)
             spread = f"{100 * (max(r.rounds) - min(r.rounds)) / r.samples_per_s:.0f}%" if len(r.rounds) > 1 else "-"
-            body.append([str(r.num_threads), str(r.prefetch)] + ([str(r.streams)] if gpu else []) +
+            body.append([str(r.num_threads)] + ([str(r.workers)] if python else []) + [str(r.prefetch)] +
+                        ([str(r.streams)] if gpu else []) +
                         [_si(r.samples_per_s), f"{r.samples_per_s * self.row_bytes / 1e9:.2f}",
                          f"{100 * r.wait_share:.1f}%", spread] +
                         ([f"{r.other_cores:.2f}" if r.other_cores is not None else "-"] if others else []) +
@@ -113,28 +143,35 @@ class TuneResult:
                  for row in [head, *body]]
         return "\n".join(line.rstrip() for line in lines)
 
+    @property
+    def python(self) -> bool:
+        """Whether the source was a Python dataset (the grid has a workers axis)."""
+        return any(r.workers is not None for r in self.rows)
+
     def summary(self) -> str:
         """The recommendation in words, and the arguments that set it."""
         rec, best = self.recommended, self.fastest
+        gpu = self.device.startswith("cuda")
+        cheaper = "threads instead of processes, fewer workers" if self.python else "fewer threads"
 
-        def name(p: TunePoint) -> str:
-            streams = f" streams={p.streams}" if self.device.startswith("cuda") else ""
-            return f"num_threads={p.num_threads} prefetch={p.prefetch}{streams}"
-
-        lines = [f"fastest:     {name(best)}: {_si(best.samples_per_s)} samples/s"]
-        if rec.knobs == best.knobs:
-            lines.append(f"recommended: {name(rec)} (the fastest; nothing within {100 * NEAR_FASTEST:.0f}% "
-                         f"uses fewer threads or a smaller prefetch)")
+        lines = [f"fastest:     {best.describe(gpu)}: {_si(best.samples_per_s)} samples/s"]
+        if rec.key == best.key:
+            lines.append(f"recommended: {rec.describe(gpu)} (the fastest; nothing within {100 * NEAR_FASTEST:.0f}% "
+                         f"uses {cheaper} or a smaller prefetch)")
         else:
-            lines.append(f"recommended: {name(rec)}: {_si(rec.samples_per_s)} samples/s "
+            lines.append(f"recommended: {rec.describe(gpu)}: {_si(rec.samples_per_s)} samples/s "
                          f"({100 * (rec.samples_per_s / best.samples_per_s - 1):+.1f}%, within "
-                         f"{100 * NEAR_FASTEST:.0f}% of the fastest with fewer threads or a smaller prefetch)")
+                         f"{100 * NEAR_FASTEST:.0f}% of the fastest with {cheaper} or a smaller prefetch)")
         if self.defaults:
+            kind = "threads" if self.python else None
             default = next((r for r in self.rows if r.num_threads == self.defaults.get("num_threads")
-                            and r.prefetch == self.defaults.get("prefetch") and r.streams == 1), None)
+                            and r.prefetch == self.defaults.get("prefetch") and r.streams == 1
+                            and r.workers == kind), None)
             measured = (f": {_si(default.samples_per_s)} samples/s" if default is not None
                         else " (not in the grid)")
-            lines.append(f"defaults:    num_threads={self.defaults['num_threads']} "
+            knob = "num_workers" if self.python else "num_threads"
+            kind_text = " workers='threads'" if self.python else ""
+            lines.append(f"defaults:    {knob}={self.defaults['num_threads']}{kind_text} "
                          f"prefetch={self.defaults['prefetch']}{measured}")
         lines.append(f"    {self.loader_call()}")
         busy = self.other_cores
@@ -163,34 +200,42 @@ class TuneResult:
 
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Draws samples/s against num_threads, one line per prefetch (one panel per stream
-        count on a GPU), to an image file. Needs matplotlib (``pip install matplotlib``)."""
+        count on a GPU, and per kind of workers for a Python dataset), to an image file. Needs
+        matplotlib (``pip install matplotlib``)."""
         plt = _pyplot()
-        streams = sorted({r.streams for r in self.rows})
-        fig, axes = plt.subplots(1, len(streams), figsize=(6.4 * len(streams) ** 0.5 + 0.6 * len(streams), 3.8),
-                                 squeeze=False, sharey=True)
+        order = {"": 0, **{w: i for i, w in enumerate(DEFAULT_WORKERS)}}  # threads before processes
+        panels = sorted({(r.workers or "", r.streams) for r in self.rows}, key=lambda k: (order[k[0]], k[1]))
+        top = max(r.samples_per_s for r in self.rows)
+        scale, unit = next(((v, u) for v, u in ((1e6, "M "), (1e3, "k ")) if top >= v), (1.0, ""))
+        n = len(panels)
+        fig, axes = plt.subplots(1, n, figsize=(6.4 * n ** 0.5 + 0.6 * n, 3.8), squeeze=False, sharey=True)
         threads = sorted({r.num_threads for r in self.rows})
-        for ax, s in zip(axes[0], streams):
+        for ax, (kind, s) in zip(axes[0], panels):
+            def here(r: TunePoint) -> bool:
+                return (r.workers or "") == kind and r.streams == s
+
             for p in sorted({r.prefetch for r in self.rows}):
-                line = sorted((r for r in self.rows if r.prefetch == p and r.streams == s),
-                              key=lambda r: r.num_threads)
-                ax.plot([r.num_threads for r in line], [r.samples_per_s / 1e6 for r in line], marker="o",
+                line = sorted((r for r in self.rows if r.prefetch == p and here(r)), key=lambda r: r.num_threads)
+                ax.plot([r.num_threads for r in line], [r.samples_per_s / scale for r in line], marker="o",
                         markersize=4, label=f"prefetch {p}")
             for point, style, label in ((self.fastest, dict(marker="o", markersize=11, fillstyle="none"), "fastest"),
                                         (self.recommended, dict(marker="*", markersize=13), "recommended")):
-                if point.streams == s:
-                    ax.plot([point.num_threads], [point.samples_per_s / 1e6], linestyle="none", color="black",
+                if here(point):
+                    ax.plot([point.num_threads], [point.samples_per_s / scale], linestyle="none", color="black",
                             label=label, **style)
             ax.set_xticks(threads)
             if len(threads) > 2 and threads[-1] / threads[0] >= 8:
                 ax.set_xscale("log", base=2)
                 ax.set_xticks(threads, [str(t) for t in threads])
-            ax.set_xlabel("num_threads")
-            ax.set_ylim(0, 1.12 * max(r.samples_per_s for r in self.rows) / 1e6)
+            ax.set_xlabel("num_workers" if kind else "num_threads")
+            ax.set_ylim(0, 1.12 * top / scale)
             ax.margins(x=0.08)
             ax.grid(alpha=0.3)
-            if len(streams) > 1:
-                ax.set_title(f"streams {s}", fontsize=9)
-        axes[0][0].set_ylabel("M samples/s (median of rounds)")
+            if n > 1:
+                title = [kind] if len({k for k, _ in panels}) > 1 else []
+                title += [f"streams {s}"] if len({t for _, t in panels}) > 1 else []
+                ax.set_title(", ".join(title), fontsize=9)
+        axes[0][0].set_ylabel(f"{unit}samples/s (median of rounds)")
         # One legend for all panels: the fastest and the recommended point may sit in different ones.
         handles: dict[str, Any] = {}
         for ax in axes[0]:
@@ -323,23 +368,53 @@ def _check_output(option: str, path: Path, suffixes: Sequence[str] | None = None
                                          f"(it writes {', '.join('.' + x for x in sorted(suffixes))})")
 
 
-def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: Any) -> tuple[Dataset | Windows, str]:
+def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: Any,
+               dataset_args: Mapping[str, Any] | Sequence[Any] | None = None, seed: int = 0) -> tuple[Source, str]:
+    """The source to measure and its name for the report. Paths, arrays and fastload sources as
+    before; "module:Class" (with `dataset_args`) or any map-style dataset object becomes a
+    PythonSource, whose first sample is read now: every problem is a ValueError or TypeError here,
+    before anything is measured."""
     if isinstance(window, int):
         window = (window, window)
+    spec = isinstance(source, str) and not os.path.exists(source) and is_spec(source)
+    if dataset_args is not None and not spec:
+        raise ValueError(f"dataset_args apply to a 'module:Class' source, not to {source!r}")
     if isinstance(source, Source):
         if window is not None or dtype is not None:
             raise ValueError("window and dtype apply to a path or an array, not to a Dataset or Windows")
-        return source, type(source).__name__
+        name = type(source.dataset).__name__ if isinstance(source, PythonSource) else type(source).__name__
+        return source, name
     if isinstance(source, np.ndarray):
         if dtype is not None:
             raise ValueError("dtype applies to a token file path; an array carries its dtype")
         if window is None:
             return Dataset({"x": source}), "array"
         return Windows(source, length=window[0], stride=window[1]), "array"
-    if isinstance(source, (str, os.PathLike)):
-        return open_source(source, window, dtype), os.fspath(source)
-    raise TypeError(f"source must be a path, a numpy array, a fastload.Dataset or a fastload.Windows, "
-                    f"got {type(source).__name__}")
+    if spec or not isinstance(source, (str, os.PathLike)):
+        if window is not None or dtype is not None:
+            raise ValueError("window and dtype apply to a path or an array, not to a Python dataset")
+        if spec:
+            if isinstance(dataset_args, Mapping):
+                args, kwargs = [], dict(dataset_args)
+            else:
+                args, kwargs = list(dataset_args or []), {}
+            dataset, name = load_dataset(source, args, kwargs), source
+        else:
+            if isinstance(source, (str, bytes, set, frozenset)) or not hasattr(source, "__getitem__"):
+                raise TypeError("source must be a path, a numpy array, a fastload source, 'module:Class' or a "
+                                f"map-style dataset (__len__ and __getitem__), got {type(source).__name__}")
+            dataset, name = source, type(source).__name__
+            check_map_style(dataset, name)
+        if isinstance(dataset, Source):  # a factory may return fl.Dataset or fl.Windows
+            return dataset, name
+        try:
+            return PythonSource(dataset, seed=seed), name
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{name}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - the dataset's own __getitem__(0)
+            raise ValueError(f"{name}: reading sample 0 (to learn the batch's structure) raised "
+                             f"{type(e).__name__}: {e}") from None
+    return open_source(source, window, dtype), os.fspath(source)
 
 
 def _grid_values(name: str, values: Sequence[int] | int | None, default: Sequence[int]) -> list[int]:
@@ -369,18 +444,44 @@ def _machine_busy_s() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
-def _measure(source: Dataset | Windows, batch_size: int, device: torch.device, knobs: tuple[int, int, int],
+Knobs = tuple[int, int, int, Union[str, None]]  # num_threads, prefetch, streams, workers (None: arrays)
+
+
+def _loader(source: Source, batch_size: int, device: Any, knobs: Knobs, **kw: Any) -> Loader:
+    threads, prefetch, streams, workers = knobs
+    if workers is None:
+        return Loader(source, batch_size, device=device, num_threads=threads, prefetch=prefetch, streams=streams, **kw)
+    return Loader(source, batch_size, device=device, num_workers=threads, workers=workers, prefetch=prefetch,
+                  streams=streams, **kw)
+
+
+def _own_cpu_s(loader: Loader) -> float:
+    """CPU seconds of this process and of the loader's worker processes (not "others")."""
+    total = time.process_time()
+    workers = getattr(loader, "_workers", None)
+    for pid in workers.pids() if workers is not None else ():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass  # not Linux, or the worker is gone
+    return total
+
+
+def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs,
              warmup: float, seconds: float, seed: int, shuffle: bool = True) -> tuple[float, float, float | None]:
     """(samples/s, share of wall time blocked in next(), CPU cores other processes used) of one
     loader, pulled as fast as it hands out batches for `seconds` after `warmup`, across epochs as
-    a training loop would."""
-    threads, prefetch, streams = knobs
-    loader = Loader(source, batch_size, shuffle=shuffle, seed=seed, drop_last=len(source) >= batch_size,
-                    device=device, num_threads=threads, prefetch=prefetch, streams=streams)
+    a training loop would. The warm-up starts after the first batch: worker processes start (spawn,
+    import, unpickle the dataset) at the first iter(), and that is not what is measured."""
+    loader = _loader(source, batch_size, device, knobs, shuffle=shuffle, seed=seed,
+                     drop_last=len(source) >= batch_size)
     on_cuda = device.type == "cuda"
     clock = time.perf_counter
     try:
         it = iter(loader)
+        next(it)
         end = clock() + warmup
         while clock() < end:
             try:
@@ -393,7 +494,7 @@ def _measure(source: Dataset | Windows, batch_size: int, device: torch.device, k
         # every iter()), summed over the epochs the measurement spans.
         wait = -loader.stats().wait_s
         samples = 0
-        busy0, own0 = _machine_busy_s(), time.process_time()
+        busy0, own0 = _machine_busy_s(), _own_cpu_s(loader)
         start = clock()
         end = start + seconds
         while True:
@@ -403,14 +504,14 @@ def _measure(source: Dataset | Windows, batch_size: int, device: torch.device, k
                 wait += loader.stats().wait_s
                 it = iter(loader)
                 continue
-            samples += next(iter(batch.values())).shape[0]
+            samples += _rows(batch)
             if clock() >= end:
                 break
         del batch
         if on_cuda:
             torch.cuda.synchronize(device)  # copies still queued belong to the measured time
         wall = clock() - start
-        busy1, own1 = _machine_busy_s(), time.process_time()
+        busy1, own1 = _machine_busy_s(), _own_cpu_s(loader)
         wait += loader.stats().wait_s
     finally:
         loader.close()
@@ -419,6 +520,24 @@ def _measure(source: Dataset | Windows, batch_size: int, device: torch.device, k
         # /proc/stat counts in 10 ms ticks: clamp the small negative noise of a quiet machine.
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
     return samples / wall, min(1.0, max(0.0, wait / wall)), others
+
+
+def _rows(batch: Any) -> int:
+    """Samples in a batch: a dict of tensors (arrays), or a Python dataset's structure (its first
+    tensor leaf; a batch without one counts its first list)."""
+    stack = [batch]
+    first_list = None
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, torch.Tensor):
+            return int(node.shape[0])
+        if isinstance(node, Mapping):
+            stack.extend(node.values())
+        elif isinstance(node, (tuple, list)):
+            if isinstance(node, list) and first_list is None:
+                first_list = len(node)
+            stack.extend(node)
+    return first_list or 0
 
 
 class _NoStallHint(logging.Filter):
@@ -448,7 +567,7 @@ class _Progress:
         self.done = 0
         self.began = time.perf_counter()
 
-    def update(self, round_index: int, knobs: tuple[int, int, int], gpu: bool) -> None:
+    def update(self, round_index: int, knobs: Knobs, gpu: bool) -> None:
         self.done += 1
         if self.stream is None:
             return
@@ -456,10 +575,10 @@ class _Progress:
         left = elapsed / self.done * (self.total - self.done)
         per_round = self.total // self.rounds
         if self.line is not None:
-            streams = f" streams={knobs[2]}" if gpu else ""
+            point = TunePoint(knobs[0], knobs[1], knobs[2], 0.0, 0.0, workers=knobs[3])
             self.line.draw(self.done, self.total,
-                           f"{self.done}/{self.total}  round {round_index + 1}/{self.rounds}  threads={knobs[0]} "
-                           f"prefetch={knobs[1]}{streams}  ~{left:.0f} s left", force=self.done == self.total)
+                           f"{self.done}/{self.total}  round {round_index + 1}/{self.rounds}  {point.describe(gpu)}  "
+                           f"~{left:.0f} s left", force=self.done == self.total)
             if self.done == self.total:
                 self.line.close()
         elif self.done % per_round == 0:
@@ -469,21 +588,28 @@ class _Progress:
 
 def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | None = None,
          prefetch: Sequence[int] | int | None = None, streams: Sequence[int] | int | None = None,
-         device: Any = None, seconds: float | None = None, repeats: int = DEFAULT_REPEATS,
-         window: int | tuple[int, int] | None = None, dtype: Any = None, shuffle: bool = True, seed: int = 0,
+         workers: Sequence[str] | str | None = None, device: Any = None, seconds: float | None = None,
+         repeats: int = DEFAULT_REPEATS, window: int | tuple[int, int] | None = None, dtype: Any = None,
+         dataset_args: Mapping[str, Any] | Sequence[Any] | None = None, shuffle: bool = True, seed: int = 0,
          progress: bool | TextIO = True) -> TuneResult:
     """Measures samples/s of ``fl.Loader(source, batch_size, shuffle=shuffle, ...)`` over the grid
-    ``threads`` x ``prefetch`` (x ``streams`` on a GPU) and recommends a configuration.
+    ``threads`` x ``prefetch`` (x ``streams`` on a GPU; x ``workers`` for a Python dataset) and
+    recommends a configuration.
 
     Args:
         source: a ``fl.Dataset`` or ``fl.Windows``; a numpy array (a one-column Dataset, or token
-            windows with ``window``); or a path: a ``.npy`` file (memory-mapped), a raw token file
-            with ``window`` (``dtype``, default uint16), or a dataset directory (``fl.Dataset.open``).
+            windows with ``window``); a path: a ``.npy`` file (memory-mapped), a raw token file
+            with ``window`` (``dtype``, default uint16), or a dataset directory (``fl.Dataset.open``);
+            a map-style dataset (``__len__`` and ``__getitem__``, a ``torch.utils.data.Dataset``
+            included); or ``"module:Class"`` (or ``"module:factory"``), called with ``dataset_args``.
         batch_size: samples per batch, as you will train with.
-        threads: num_threads values (default: 1, 2, 4, ... up to the usable CPUs, and their count).
-        prefetch: prefetch values (default: 2, 4, 8, 16, 32, without those whose loader memory,
-            (prefetch + 2) batches, would exceed 1 GiB).
+        threads: num_threads values, num_workers for a Python dataset (default: 1, 2, 4, ... up to
+            the usable CPUs, and their count).
+        prefetch: prefetch values (default: 2, 4, 8, 16, 32; 2, 8, 32 for a Python dataset;
+            without those whose loader memory, (prefetch + 2) batches, would exceed 1 GiB).
         streams: copy streams per GPU (default 1, 2, 4 on a GPU; only 1 on the CPU).
+        workers: for a Python dataset, "threads" and/or "processes" (default: both on the CPU;
+            threads on a GPU, where processes are not built yet).
         device: where batches go, as for ``fl.Loader`` (default: a GPU if one is usable, else the CPU).
         seconds: measuring time per configuration and round (default: about 40 s spread over the
             grid, 0.25 to 1 s each, after a warm-up of a fifth of that).
@@ -491,6 +617,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
             is the median of its rounds, so a burst of noise on a shared machine moves one round.
         window: for token data, the window length, or (length, stride).
         dtype: the tokens' dtype in a raw token file.
+        dataset_args: for ``"module:Class"``: a dict of keyword arguments or a list of positional ones.
         shuffle: measure shuffled (random) reads, as in training, or the source's order.
         seed: seeds the sample order and the order of the grid in each round.
         progress: show progress on stderr (or on this stream); False for none.
@@ -499,7 +626,6 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     ``result.rows``, ``print(result)`` for a report, ``result.plot(path)`` for a chart.
     """
     began = time.perf_counter()
-    src, name = _as_source(source, window, dtype)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     batch_size = int(batch_size)
@@ -507,6 +633,8 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
     if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    src, name = _as_source(source, window, dtype, dataset_args, seed)
+    python = isinstance(src, PythonSource)
     # Loader resolves and checks the device (and every knob) the same way it will in training.
     probe = Loader(src, batch_size, device=device, num_threads=1, prefetch=1)
     dev = probe.device
@@ -514,18 +642,29 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     gpu = dev.type == "cuda"
     batch_bytes = batch_bytes_of(src, batch_size)
     row_bytes = batch_bytes // max(1, min(batch_size, len(src)))
-    thread_grid = _grid_values("threads", threads, default_threads())
+    thread_grid = _grid_values("num_workers" if python else "threads", threads, default_threads())
     if prefetch is None:
-        fitting = [p for p in DEFAULT_PREFETCH if (p + 2) * batch_bytes <= _MEMORY_CAP]
-        prefetch_grid = fitting or [DEFAULT_PREFETCH[0]]
+        default = DEFAULT_PREFETCH_PYTHON if python else DEFAULT_PREFETCH
+        fitting = [p for p in default if (p + 2) * batch_bytes <= _MEMORY_CAP]
+        prefetch_grid = fitting or [default[0]]
     else:
         prefetch_grid = _grid_values("prefetch", prefetch, DEFAULT_PREFETCH)
     stream_grid = _grid_values("streams", streams, DEFAULT_STREAMS if gpu else (1,))
     if not gpu and stream_grid != [1]:
         raise ValueError(f"streams are copy streams per GPU; on {dev} only streams=1 applies, got {stream_grid}")
-    grid = [(t, p, s) for t in thread_grid for p in prefetch_grid for s in stream_grid]
-    for knobs in grid:  # every configuration must construct before any time is spent measuring
-        Loader(src, batch_size, device=dev, num_threads=knobs[0], prefetch=knobs[1], streams=knobs[2]).close()
+    worker_grid = _worker_values(workers, python, gpu, dev)
+    grid: list[Knobs] = [(t, p, s, w) for w in worker_grid for t in thread_grid for p in prefetch_grid
+                         for s in stream_grid]
+    # Every configuration must construct before any time is spent measuring. Worker processes
+    # differ from threads only by pickling the dataset, the same for every configuration: one
+    # processes loader checks that (a loader starts no process before its first iter()).
+    checked_processes = False
+    for t, p, s, w in grid:
+        if w == "processes":
+            if checked_processes:
+                continue
+            checked_processes = True
+        _loader(src, batch_size, dev, (t, p, s, w)).close()
     if seconds is None:
         lo, hi = _SECONDS_RANGE
         seconds = max(lo, min(hi, _BUDGET_S / (len(grid) * repeats) / 1.2))
@@ -540,7 +679,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
         stream = progress
     bar = _Progress(len(grid) * repeats, repeats, stream)
     shuffler = random.Random(seed)
-    measured: dict[tuple[int, int, int], list[tuple[float, float, float | None]]] = {k: [] for k in grid}
+    measured: dict[Knobs, list[tuple[float, float, float | None]]] = {k: [] for k in grid}
     with _quiet_stall_hints():
         for r in range(repeats):
             order = list(grid)
@@ -550,23 +689,50 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
                     _measure(src, batch_size, dev, knobs, warmup, seconds, seed + r, bool(shuffle)))
                 bar.update(r, knobs, gpu)
 
-    def others(k: tuple[int, int, int]) -> float | None:
+    def others(k: Knobs) -> float | None:
         known = [x[2] for x in measured[k] if x[2] is not None]
         return statistics.median(known) if known else None
 
-    rows = [TunePoint(*k, samples_per_s=statistics.median(x[0] for x in measured[k]),
+    rows = [TunePoint(k[0], k[1], k[2], samples_per_s=statistics.median(x[0] for x in measured[k]),
                       wait_share=statistics.median(x[1] for x in measured[k]),
-                      rounds=tuple(x[0] for x in measured[k]), other_cores=others(k)) for k in grid]
+                      rounds=tuple(x[0] for x in measured[k]), other_cores=others(k), workers=k[3]) for k in grid]
     fastest, recommended = recommend(rows)
-    return TuneResult(args=loader_args(recommended, batch_size, str(dev)), recommended=recommended, fastest=fastest, rows=rows, source=name,
-                      batch_size=batch_size, row_bytes=row_bytes, device=str(dev), seconds=seconds,
-                      repeats=repeats, elapsed_s=time.perf_counter() - began, defaults=_defaults(src, batch_size))
+    return TuneResult(args=loader_args(recommended, batch_size, str(dev)), recommended=recommended,
+                      fastest=fastest, rows=rows, source=name, batch_size=batch_size, row_bytes=row_bytes,
+                      device=str(dev), seconds=seconds, repeats=repeats, elapsed_s=time.perf_counter() - began,
+                      defaults=_defaults(src, batch_size))
+
+
+def _worker_values(workers: Sequence[str] | str | None, python: bool, gpu: bool, device: Any) -> list[str | None]:
+    """The workers axis: None for arrays (gathered natively, no workers); for a Python dataset
+    the kinds asked for, default threads and processes (threads only on a GPU)."""
+    if not python:
+        if workers is not None:
+            raise ValueError(f"workers applies to Python datasets (__getitem__); this source is gathered natively by "
+                             f"threads, got workers={workers!r}")
+        return [None]
+    if workers is None:
+        return ["threads"] if gpu else list(DEFAULT_WORKERS)
+    values = [workers] if isinstance(workers, str) else list(workers)
+    bad = [w for w in values if w not in DEFAULT_WORKERS]
+    if bad or not values:
+        raise ValueError(f"workers must hold 'threads' and/or 'processes', got {workers!r}")
+    if gpu and "processes" in values:
+        raise ValueError(f"workers='processes' with a CUDA device ({device}) is not built yet: tune threads, or pass "
+                         "device='cpu'")
+    return sorted(set(values), key=DEFAULT_WORKERS.index)
 
 
 def loader_args(point: TunePoint, batch_size: int, device: str) -> dict[str, Any]:
     """Keyword arguments for fl.Loader(source, **args) that set ``point``: device and streams
     only on a GPU (on the CPU the Loader's own device choice is the one measured)."""
-    args: dict[str, Any] = {"batch_size": batch_size, "num_threads": point.num_threads, "prefetch": point.prefetch}
+    args: dict[str, Any] = {"batch_size": batch_size}
+    if point.workers is None:
+        args["num_threads"] = point.num_threads
+    else:
+        args["num_workers"] = point.num_threads
+        args["workers"] = point.workers
+    args["prefetch"] = point.prefetch
     if device.startswith("cuda"):
         args["device"] = device
         args["streams"] = point.streams
@@ -575,14 +741,15 @@ def loader_args(point: TunePoint, batch_size: int, device: str) -> dict[str, Any
 
 def recommend(rows: Sequence[TunePoint]) -> tuple[TunePoint, TunePoint]:
     """(fastest, recommended): the recommendation is, among the configurations within
-    NEAR_FASTEST of the fastest, the one with the fewest threads, then the smallest prefetch, then
-    the fewest streams (each costs CPU or memory that buys nothing measurable)."""
+    NEAR_FASTEST of the fastest, the cheapest (TunePoint.cost: threads before worker processes,
+    then the fewest threads, the smallest prefetch, the fewest streams; each costs CPU or memory
+    that buys nothing measurable)."""
     fastest = max(rows, key=lambda r: r.samples_per_s)
     near = [r for r in rows if r.samples_per_s >= (1 - NEAR_FASTEST) * fastest.samples_per_s]
-    return fastest, min(near, key=lambda r: r.knobs)
+    return fastest, min(near, key=lambda r: r.cost)
 
 
-def _defaults(src: Dataset | Windows, batch_size: int) -> dict[str, int]:
+def _defaults(src: Source, batch_size: int) -> dict[str, int]:
     """What fl.Loader(source, batch_size) picks by itself, for comparison with the grid."""
     from ._environment import default_num_threads
     from ._loader import default_prefetch
@@ -613,19 +780,39 @@ def _dtype(text: str) -> np.dtype:
     return dt
 
 
+def _json_arguments(text: str) -> list[Any] | dict[str, Any]:
+    import argparse
+    try:
+        args, kwargs = parse_arguments(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return kwargs if kwargs or not args else args
+
+
+def _workers(text: str) -> list[str]:
+    import argparse
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or any(v not in DEFAULT_WORKERS for v in values):
+        raise argparse.ArgumentTypeError(f"expected threads, processes or threads,processes, got {text!r}")
+    return sorted(set(values), key=DEFAULT_WORKERS.index)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     parser = argparse.ArgumentParser(
         prog="python -m fastload tune",
         description="Measure fastload's throughput on your own data over a grid of num_threads x prefetch "
-                    "(x streams on a GPU) and print the fastest configuration, the recommended one (within 3% "
-                    "of the fastest with the fewest threads, then the smallest prefetch) and its fl.Loader(...) "
-                    "arguments. Batches are pulled as fast as the loader hands them out (shuffle=True), so this "
-                    "is the loader's ceiling on your data, not your training step's.",
+                    "(x streams on a GPU; x workers, threads or processes, for a Python dataset) and print the "
+                    "fastest configuration, the recommended one (within 3% of the fastest with the fewest "
+                    "threads, then the smallest prefetch) and its fl.Loader(...) arguments. Batches are pulled as "
+                    "fast as the loader hands them out (shuffle=True), so this is the loader's ceiling on your "
+                    "data, not your training step's.",
         epilog="Exit status: 0 when done; 130 after Ctrl-C; 2 on bad arguments.")
     parser.add_argument("source", metavar="SOURCE",
                         help="a .npy file (memory-mapped), a raw token file such as train.bin (needs --window), "
-                             "or a dataset directory (read with fl.Dataset.open)")
+                             "a dataset directory (read with fl.Dataset.open), or a map-style dataset as "
+                             "module:Class or module:factory (imported from the current directory or PYTHONPATH; "
+                             "constructor arguments with --dataset-args)")
     parser.add_argument("--batch-size", type=positive_int, required=True, metavar="B",
                         help="samples per batch, as you train with")
     parser.add_argument("--window", type=_window, default=None, metavar="L[:STRIDE]",
@@ -633,12 +820,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "or a .npy of 1-D tokens")
     parser.add_argument("--dtype", type=_dtype, default=None,
                         help="the tokens' dtype in a raw token file (default: uint16)")
-    parser.add_argument("--threads", type=int_list, default=None, metavar="T,T,...",
-                        help="num_threads values (default: 1,2,4,... up to the usable CPUs, and their count: "
-                             f"{','.join(map(str, default_threads()))} here)")
+    parser.add_argument("--dataset-args", type=_json_arguments, default=None, metavar="JSON",
+                        help="for module:Class: constructor arguments as a JSON object of keyword arguments "
+                             """('{"n": 1000}') or a JSON list of positional ones""")
+    parser.add_argument("--threads", "--num-workers", dest="threads", type=int_list, default=None, metavar="T,T,...",
+                        help="num_threads values (num_workers for a Python dataset; default: 1,2,4,... up to the "
+                             f"usable CPUs, and their count: {','.join(map(str, default_threads()))} here)")
+    parser.add_argument("--workers", type=_workers, default=None, metavar="KIND[,KIND]",
+                        help="for a Python dataset: threads and/or processes (default: both on the CPU)")
     parser.add_argument("--prefetch", type=int_list, default=None, metavar="P,P,...",
-                        help="prefetch values (default: " + ",".join(map(str, DEFAULT_PREFETCH)) +
-                             ", without those whose loader memory, (prefetch + 2) batches, exceeds 1 GiB)")
+                        help="prefetch values (default: " + ",".join(map(str, DEFAULT_PREFETCH)) + "; " +
+                             ",".join(map(str, DEFAULT_PREFETCH_PYTHON)) + " for a Python dataset; without those "
+                             "whose loader memory, (prefetch + 2) batches, exceeds 1 GiB)")
     parser.add_argument("--streams", type=int_list, default=None, metavar="S,S,...",
                         help="copy streams per GPU (GPU only; default: " + ",".join(map(str, DEFAULT_STREAMS)) + ")")
     parser.add_argument("--device", default=None, metavar="DEV",
@@ -675,14 +868,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.streams is not None and not gpu and args.streams != [1]:
         parser.error(f"--streams: copy streams apply to a GPU device; this run is on the CPU "
                      f"(got --streams {','.join(map(str, args.streams))})")
-    try:
-        source = open_source(args.source, args.window, args.dtype)
+    spec = not os.path.exists(args.source) and is_spec(args.source)
+    if args.dataset_args is not None and not spec:
+        parser.error(f"--dataset-args: constructor arguments apply to a module:Class SOURCE, not to {args.source}")
+    if args.workers is not None and not spec:
+        parser.error(f"--workers applies to a Python dataset (module:Class SOURCE); {args.source} is gathered "
+                     "natively by threads")
+    try:  # a dataset class is imported, built and its first sample read here: before any measuring
+        source, _ = _as_source(args.source, args.window, args.dtype, args.dataset_args)
     except (ValueError, TypeError, OSError) as e:
         parser.error(f"SOURCE {args.source}: {e}")
 
     try:
         result = tune(source, args.batch_size, threads=args.threads, prefetch=args.prefetch, streams=args.streams,
-                      device=args.device, seconds=args.seconds, repeats=args.repeats,
+                      workers=args.workers, device=args.device, seconds=args.seconds, repeats=args.repeats,
                       progress=not args.no_progress)
     except (ValueError, TypeError, MemoryError) as e:  # e.g. a batch or prefetch the loader refuses here
         parser.error(str(e))

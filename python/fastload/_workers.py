@@ -58,31 +58,47 @@ class WorkerProcesses:
             ctx = multiprocessing.get_context("spawn")
             for k in range(self._count):
                 here, there = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=main, args=(there, k, self._payload), daemon=True,
-                                   name=f"fastload-worker-{k}")
+                proc = ctx.Process(target=main, args=(there, k), daemon=True, name=f"fastload-worker-{k}")
                 proc.start()
                 there.close()
                 self._procs.append(proc)
                 self._conns.append(here)
+            # The dataset goes over the socket, not as a Process argument: the worker can then
+            # free the pickled bytes (an argument stays referenced for the worker's lifetime).
+            for conn in self._conns:
+                try:
+                    conn.send_bytes(self._payload)
+                except OSError:
+                    pass  # the worker is gone already: _wait_ready says how it ended
             for k, (proc, conn) in enumerate(zip(self._procs, self._conns)):
                 self._wait_ready(k, proc, conn)
+            self._payload = b""  # workers persist for the loader's lifetime: no second start needs it
         return [c.fileno() for c in self._conns], [p.pid for p in self._procs]
 
     def _wait_ready(self, k: int, proc: Any, conn: Any) -> None:
         """Waits until worker k has imported everything and unpickled the dataset; raises what went
         wrong if it could not."""
         deadline = time.monotonic() + _START_S
+
+        def exited() -> RuntimeError:
+            proc.join(_JOIN_S)  # its socket closes a moment before it can be reaped
+            self.stop()
+            how = f"exited with code {proc.exitcode}" if proc.exitcode is not None else "closed its socket"
+            return RuntimeError(f"fastload worker process {k} (pid {proc.pid}) {how} while starting; see its output "
+                                "above (a script that starts workers needs an `if __name__ == '__main__':` guard)")
+
         while not conn.poll(0.1):
             if not proc.is_alive():
-                self.stop()
-                raise RuntimeError(f"fastload worker process {k} (pid {proc.pid}) exited with code {proc.exitcode} "
-                                   "while starting; see its output above")
+                raise exited()
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"fastload worker process {k} did not start within {_START_S:.0f} s")
-        head = _read(conn, 16)
-        length, status, message_bytes = struct.unpack("=QII", head)
-        rest = _read(conn, length - 16)
+        try:
+            head = _read(conn, 16)
+            length, status, message_bytes = struct.unpack("=QII", head)
+            rest = _read(conn, length - 16)
+        except (RuntimeError, OSError):
+            raise exited() from None
         if status == 2:
             return
         message, payload = rest[:message_bytes].decode(errors="replace"), rest[message_bytes:]

@@ -245,6 +245,12 @@ std::string batch_error(const std::vector<ArrayColumn>& columns, const BatchLayo
   return "";
 }
 
+// The same for a pipeline's plan (every plan of these tests is an epoch's).
+std::string batch_error(const std::vector<ArrayColumn>& columns, const BatchLayout& L, const BatchPlan& plan,
+                        int64_t step, const Batch& b) {
+  return batch_error(columns, L, dynamic_cast<const EpochPlan&>(plan), step, b);
+}
+
 // What the Python binding does when it hands a batch out: every part becomes the user's.
 void hand_out(Batch& b) {
   for (auto& part : b.parts) part->hand_to_user();
@@ -289,7 +295,7 @@ const char* status_name(NextStatus s) {
 // `native`, the consumer is a native one instead and retires each batch once it dropped it.
 int64_t consume_all(const BatchLayout& L, Pipeline& p, int output, std::vector<int64_t>* ids,
                     std::vector<Batch>* keep = nullptr, bool native = false) {
-  const EpochPlan& plan = p.plan(output);
+  const EpochPlan& plan = dynamic_cast<const EpochPlan&>(p.plan(output));
   int64_t step = 0;
   for (;;) {
     Batch b;
@@ -2079,7 +2085,7 @@ TEST_CASE(two_consumers_on_one_output_take_every_batch_once) {
     bool both_took = false;
     for (int round = 0; round < 3; ++round) {
       auto p = e.start({OutputSpec{EpochPlan(c, round, 0), native}});
-      const EpochPlan& plan = p->plan(0);
+      const EpochPlan& plan = dynamic_cast<const EpochPlan&>(p->plan(0));
       CHECK(plan.num_batches() == 256);
       std::vector<std::vector<int64_t>> steps(2);
       std::atomic<int> timeouts{0};

@@ -273,6 +273,12 @@ std::string batch_error(const std::vector<ArrayColumn>& columns, const BatchLayo
   return "";
 }
 
+// The same for a pipeline's plan (every plan of these tests is an epoch's).
+std::string batch_error(const std::vector<ArrayColumn>& columns, const BatchLayout& L, const BatchPlan& plan,
+                        int64_t step, int device, const cuda::DeviceBatch& b, api::CUstream stream) {
+  return batch_error(columns, L, dynamic_cast<const EpochPlan&>(plan), step, device, b, stream);
+}
+
 // What a user's last reference does (see csrc/bindings/device_part.h): the buffers may be
 // rewritten once the work queued so far on `stream` has run.
 void release(cuda::DeviceBatch& b, api::CUstream stream) {
@@ -345,7 +351,7 @@ const char* status_name(NextStatus s) {
 // releases it on `stream`. Returns how many it took; the valid ids go to *ids if given.
 int64_t consume_all(GpuLoader& L, int d, api::CUstream stream, std::vector<int64_t>* ids = nullptr) {
   cuda::TransferEngine& t = *L.transfers[static_cast<size_t>(d)];
-  const EpochPlan& plan = L.pipeline->plan(d);
+  const EpochPlan& plan = dynamic_cast<const EpochPlan&>(L.pipeline->plan(d));
   const BatchLayout& layout = L.engine->layout();
   int64_t step = 0;
   for (;;) {
@@ -476,7 +482,7 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
     cuda::Stream consumer(L.transfers[0]->context());
     cuda::PinnedAllocator staging_memory(L.transfers[0]->context());
     L.start({EpochPlan(make_cfg(src.n, 20, 1, 0, true), 0, 0)});
-    const EpochPlan& plan = L.pipeline->plan(0);
+    const EpochPlan& plan = dynamic_cast<const EpochPlan&>(L.pipeline->plan(0));
     const int64_t nb = plan.num_batches();
     const size_t stride = layout.total_bytes;
     void* staging = staging_memory.allocate(stride * static_cast<size_t>(nb));

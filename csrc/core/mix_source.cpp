@@ -1,0 +1,109 @@
+// Several sources as one; see mix_source.h.
+#include "core/mix_source.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace fastload {
+
+namespace {
+std::string describe(const PartSchema& p) {
+  std::string s = "(dtype code " + std::to_string(p.dtype.code) + ", " + std::to_string(p.dtype.bits) + " bits, shape [";
+  for (size_t i = 0; i < p.row_shape.size(); ++i) s += (i ? ", " : "") + std::to_string(p.row_shape[i]);
+  return s + "], " + std::to_string(p.row_bytes) + " bytes a row)";
+}
+
+// Part pointers of one child fill live on the stack up to this many parts.
+constexpr size_t kInlineParts = 32;
+}  // namespace
+
+MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : children_(std::move(children)) {
+  if (children_.empty()) throw std::invalid_argument("a mixture needs at least one source");
+  for (const auto& c : children_)
+    if (!c) throw std::invalid_argument("a mixture's source is null");
+  schema_ = children_[0]->schema();
+  offsets_.push_back(0);
+  for (size_t j = 0; j < children_.size(); ++j) {
+    const std::vector<PartSchema>& s = children_[j]->schema();
+    if (s.size() != schema_.size())
+      throw std::invalid_argument("mixture source " + std::to_string(j) + " has " + std::to_string(s.size()) +
+                                  " parts, source 0 has " + std::to_string(schema_.size()));
+    for (size_t p = 0; p < s.size(); ++p) {
+      const PartSchema &a = schema_[p], &b = s[p];
+      if (a.name != b.name || a.dtype != b.dtype || a.row_shape != b.row_shape || a.row_bytes != b.row_bytes)
+        throw std::invalid_argument("mixture source " + std::to_string(j) + "'s part " + std::to_string(p) + " '" +
+                                    b.name + "' " + describe(b) + " differs from source 0's '" + a.name + "' " +
+                                    describe(a));
+    }
+    offsets_.push_back(offsets_.back() + children_[j]->size());
+  }
+}
+
+int MixSource::child_of(int64_t id) const {
+  if (id < 0 || id >= offsets_.back())
+    throw std::out_of_range("sample id " + std::to_string(id) + " out of the mixture's range [0, " +
+                            std::to_string(offsets_.back()) + ")");
+  return static_cast<int>(std::upper_bound(offsets_.begin(), offsets_.end(), id) - offsets_.begin()) - 1;
+}
+
+void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t count, const int64_t* local_ids,
+                         std::byte** part_ptrs) {
+  for (size_t p = 0; p < schema_.size(); ++p)
+    part_ptrs[p] = r.parts[p] + static_cast<size_t>(first) * schema_[p].row_bytes;
+  std::shared_ptr<void> extras;
+  FillRequest sub = r;
+  sub.ids = local_ids;
+  sub.count = count;
+  sub.parts = part_ptrs;
+  sub.extras = &extras;
+  sub.source_of = sub.local_ids = nullptr;
+  children_[static_cast<size_t>(child)]->fill(sub);
+  if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
+}
+
+void MixSource::fill(const FillRequest& r) {
+  const size_t parts = schema_.size();
+  std::byte* inline_parts[kInlineParts];
+  std::vector<std::byte*> many;
+  std::byte** part_ptrs = inline_parts;
+  if (parts > kInlineParts) {
+    many.resize(parts);
+    part_ptrs = many.data();
+  }
+  const int children = static_cast<int>(children_.size());
+  if (r.source_of && r.local_ids) {
+    // The plan's own split: runs of one source in source order (a binary search per source).
+    for (int64_t k = 0; k < r.count;) {
+      const int64_t j = r.source_of[k];
+      if (j < 0 || j >= children)
+        throw std::out_of_range("row " + std::to_string(k) + " names mixture source " + std::to_string(j));
+      const int64_t end =
+          std::partition_point(r.source_of + k, r.source_of + r.count, [j](int64_t s) { return s == j; }) - r.source_of;
+      if (end <= k || r.source_of[end - 1] != j)
+        throw std::logic_error("a plan's rows are not grouped by source (row " + std::to_string(k) + ")");
+      fill_run(r, static_cast<int>(j), k, end - k, r.local_ids + k, part_ptrs);
+      k = end;
+    }
+    return;
+  }
+  // Ids alone (in any order): split into runs of one child and translate, per thread scratch.
+  thread_local std::vector<int64_t> local;
+  if (local.size() < static_cast<size_t>(r.count)) local.resize(static_cast<size_t>(r.count));
+  int64_t* const local_ids = local.data();
+  for (int64_t k = 0; k < r.count;) {
+    const int j = child_of(r.ids[k]);
+    const int64_t lo = offsets_[static_cast<size_t>(j)];
+    const uint64_t rows = static_cast<uint64_t>(offsets_[static_cast<size_t>(j) + 1] - lo);
+    int64_t end = k;
+    for (; end < r.count; ++end) {
+      const int64_t id = r.ids[end] - lo;
+      if (static_cast<uint64_t>(id) >= rows) break;
+      local_ids[end - k] = id;
+    }
+    fill_run(r, j, k, end - k, local_ids, part_ptrs);
+    k = end;
+  }
+}
+
+}  // namespace fastload

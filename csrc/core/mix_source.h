@@ -1,0 +1,35 @@
+// Several sources of one schema as one: ids are laid end to end (child j's sample i is id
+// offset_j + i). A batch's rows come grouped by source (stream_plan.h), so a fill is one child
+// fill per run of rows, each writing straight into its rows of the batch's parts. A stream plan
+// hands over each row's source and local id (FillRequest::source_of, local_ids); other ids are
+// split and translated here.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/batch_source.h"
+
+namespace fastload {
+
+class MixSource final : public BatchSource {
+ public:
+  // Throws std::invalid_argument if the children disagree on their parts (names, dtypes, row
+  // shapes or bytes), naming the child and the part; children must not attach extras.
+  explicit MixSource(std::vector<std::shared_ptr<BatchSource>> children);
+  const std::vector<PartSchema>& schema() const override { return schema_; }
+  int64_t size() const override { return offsets_.back(); }
+  void fill(const FillRequest& request) override;
+  bool wants_sources() const override { return true; }
+  const std::vector<int64_t>& offsets() const { return offsets_; }  // children + 1 entries
+
+ private:
+  int child_of(int64_t id) const;
+  void fill_run(const FillRequest& r, int child, int64_t first, int64_t count, const int64_t* local_ids,
+                std::byte** part_ptrs);
+
+  std::vector<std::shared_ptr<BatchSource>> children_;
+  std::vector<PartSchema> schema_;
+  std::vector<int64_t> offsets_;
+};
+
+}  // namespace fastload
