@@ -8,6 +8,9 @@
 // FileSet: (st_dev, st_ino, st_mtime_ns, st_size) of many paths in one call without the GIL, so
 // the per-iter() check that no shard was truncated or replaced costs a stat per file and no
 // Python per file.
+//
+// MappingCache and LazyFiles (core/lazy_mappings.h): files the collation threads map on demand,
+// a bounded number at a time, for sources of more files than the process may map at once.
 #include "bindings/file_mapping.h"
 
 #include <pybind11/numpy.h>
@@ -23,6 +26,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "core/lazy_mappings.h"
 
 namespace py = pybind11;
 
@@ -146,6 +151,37 @@ class FileSet {
   std::vector<std::string> paths_;
 };
 
+// files: (n, 6) int64 rows of (data offset, data bytes, st_dev, st_ino, st_mtime_ns, st_size).
+std::shared_ptr<LazyFiles> make_lazy_files(std::shared_ptr<MappingCache> cache, std::vector<std::string> paths,
+                                           const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& files) {
+  if (files.ndim() != 2 || files.shape(1) != 6 || static_cast<size_t>(files.shape(0)) != paths.size())
+    throw py::value_error("files must be an (n, 6) int64 array, one row per path");
+  std::vector<LazyFile> out(paths.size());
+  const int64_t* row = files.data();
+  for (size_t i = 0; i < paths.size(); ++i, row += 6) {
+    out[i].path = std::move(paths[i]);
+    out[i].offset = row[0];
+    out[i].bytes = row[1];
+    out[i].identity = {row[2], row[3], row[4], row[5]};
+  }
+  return std::make_shared<LazyFiles>(std::move(cache), std::move(out));
+}
+
+py::dict stats_dict(const MappingCache& c) {
+  const MappingCache::Stats s = c.stats();
+  py::dict d;
+  d["budget"] = s.budget;
+  d["live"] = s.live;
+  d["pinned"] = s.pinned;
+  d["peak_live"] = s.peak_live;
+  d["peak_pinned"] = s.peak_pinned;
+  d["peak_excess"] = s.peak_excess;
+  d["maps"] = s.maps;
+  d["evictions"] = s.evictions;
+  d["failures"] = s.failures;
+  return d;
+}
+
 }  // namespace
 
 void register_file_mapping(py::module_& m) {
@@ -163,6 +199,18 @@ void register_file_mapping(py::module_& m) {
       .def(py::init<std::vector<std::string>>(), py::arg("paths"))
       .def("stat", &FileSet::stat)
       .def("__len__", &FileSet::size);
+  py::class_<MappingCache, std::shared_ptr<MappingCache>>(
+      m, "MappingCache", "The budget of live mappings that lazily mapped files share (LRU, with pins)")
+      .def(py::init<int64_t>(), py::arg("budget"))
+      .def_property_readonly("budget", &MappingCache::budget)
+      .def("stats", &stats_dict,
+           "live, pinned, peak_live, peak_pinned, peak_excess (live - budget - pinned at most), maps, evictions, "
+           "failures");
+  py::class_<LazyFiles, std::shared_ptr<LazyFiles>>(m, "LazyFiles",
+                                                    "Files mapped by the collation threads when a batch needs them")
+      .def(py::init(&make_lazy_files), py::arg("cache"), py::arg("paths"), py::arg("files"))
+      .def_property_readonly("cache", &LazyFiles::cache)
+      .def("__len__", &LazyFiles::size);
 }
 
 }  // namespace fastload

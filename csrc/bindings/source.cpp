@@ -2,6 +2,7 @@
 // name) and BatchLayout (the one owner of a batch's parts, names and sizes).
 #include "bindings/source.h"
 
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <cstring>
@@ -21,6 +22,12 @@ namespace fastload {
 namespace {
 
 const std::byte* address(const py::handle& h) { return reinterpret_cast<const std::byte*>(h.cast<uintptr_t>()); }
+
+std::vector<int32_t> int32s(const py::handle& h) {
+  const auto a = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(h);
+  if (!a || a.ndim() != 1) throw py::value_error("expected a 1-D array of file numbers");
+  return std::vector<int32_t>(a.data(), a.data() + a.shape(0));
+}
 
 // One column from a fastload._columns.ArrayColumn (a NamedTuple; see there for the fields).
 ArrayColumn column_from(const py::handle& d) {
@@ -48,7 +55,15 @@ ArrayColumn column_from(const py::handle& d) {
       table.push_back({address(u[0]), u[1].cast<int64_t>(), u[2].cast<int64_t>(),
                        reinterpret_cast<const int64_t*>(u[3].cast<uintptr_t>()), u[4].cast<int64_t>()});
     }
-    set_shards(c, std::move(table));
+    // (LazyFiles, file per shard, offsets file per shard, longest) for shards mapped on demand.
+    const py::tuple lazy = d.attr("lazy");
+    if (py::len(lazy) > 0) {
+      c.longest = lazy[3].cast<int64_t>();
+      set_lazy_shards(c, std::move(table), lazy[0].cast<std::shared_ptr<LazyFiles>>(), int32s(lazy[1]),
+                      int32s(lazy[2]));
+    } else {
+      set_shards(c, std::move(table));
+    }
   }
   return c;
 }

@@ -2,7 +2,9 @@
 // (memory-level parallelism), the batch's first rows before it starts, and copies common fixed
 // sizes with inlined moves instead of calls. The loops take the row address as a function of
 // the batch position: a strided column computes it inline (the single-array fast path), a
-// sharded one reads it from a block of addresses resolved just before.
+// sharded one reads it from a block of addresses resolved just before. A lazily mapped sharded
+// column resolves the same block through pinned mappings (its own loop: the eager ones do not
+// pay for it).
 #include "core/gather.h"
 
 #include "core/cpu_cache.h"
@@ -192,6 +194,42 @@ void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
   for (int64_t k = 0; k < bytes; k += static_cast<int64_t>(n)) std::memcpy(p + k, pad.data(), n);
 }
 
+// Lazily mapped shards (set_lazy_shards). A block's distinct files are pinned together (one
+// lock of the cache for the block, not one per row), copied from, and unpinned: a thread pins at
+// most one block of one column at a time (kBlock files, twice that for a ragged column).
+
+// Pins the files want[0, n) name (one per row, repeats allowed): ids and data are scratch of n
+// entries; at[i] becomes where want[i]'s data start.
+void pin_block(PinnedFiles& pins, const int32_t* want, int64_t n, int32_t* ids, const std::byte** data,
+               const std::byte** at) {
+  std::copy(want, want + n, ids);
+  std::sort(ids, ids + n);
+  const int distinct = static_cast<int>(std::unique(ids, ids + n) - ids);
+  pins.pin(ids, distinct, data);
+  for (int64_t i = 0; i < n; ++i) at[i] = data[std::lower_bound(ids, ids + distinct, want[i]) - ids];
+}
+
+// A lazy ragged shard's offsets, checked the first time its file is mapped (from then on its
+// identity is checked at every mapping): from 0 to its items, non-decreasing, and no row longer
+// than col.longest (a longer row would be cut to the slot without a word).
+void check_lazy_offsets(const ArrayColumn& col, const Shard& sh, const int64_t* o, const LazyFile& f) {
+  if (o[0] != 0 || o[sh.rows] != sh.items)
+    throw std::invalid_argument(f.path + ": offsets are not non-decreasing from 0 to " + std::to_string(sh.items) +
+                                " (found when the shard was mapped)");
+  int64_t longest = 0;
+  for (int64_t r = 0; r < sh.rows; ++r) {
+    const int64_t step = o[r + 1] - o[r];
+    if (step < 0)
+      throw std::invalid_argument(f.path + ": offsets are not non-decreasing from 0 to " + std::to_string(sh.items) +
+                                  " (found when the shard was mapped)");
+    longest = std::max(longest, step);
+  }
+  if (col.longest >= 0 && longest > col.longest)
+    throw std::invalid_argument(f.path + ": a row of " + std::to_string(longest) + " items, longer than the manifest's "
+                                "columns[].longest (" + std::to_string(col.longest) + ") for column '" + col.name +
+                                "': its rows would be cut without a word; fix the manifest or pass max_length");
+}
+
 [[noreturn]] void bad_offsets(const ArrayColumn& col, size_t shard, int64_t row, int64_t a, int64_t b, int64_t items) {
   throw std::invalid_argument("ragged column " + col.name + ": row " + std::to_string(row) + " of shard " +
                               std::to_string(col.shard_index[shard]) + " has offsets [" + std::to_string(a) + ", " +
@@ -200,7 +238,84 @@ void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
 }
 }  // namespace
 
-void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
+namespace {
+void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst, bool streaming) {
+  PinnedFiles pins(*col.lazy);
+  const std::byte* rows[kBlock];
+  const std::byte* data[kBlock];
+  int32_t want[kBlock], distinct[kBlock];
+  int64_t within[kBlock];
+  for (int64_t b = 0; b < count; b += kBlock) {
+    const int64_t n = std::min(kBlock, count - b);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids[b + i];
+      const size_t s = find_shard(col, id);
+      want[i] = col.lazy_file[s];
+      within[i] = (id - col.starts[s]) * col.shards[s].pitch;
+    }
+    pin_block(pins, want, n, distinct, data, rows);
+    for (int64_t i = 0; i < n; ++i) rows[i] += within[i];
+    gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes, streaming);
+    pins.release();
+  }
+}
+
+void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst, int64_t* lengths) {
+  constexpr int64_t kRaggedBlock = 64;
+  const int64_t item = col.item_bytes, slot = col.row_bytes, cap = col.max_items();
+  LazyFiles& files = *col.lazy;
+  PinnedFiles pins(files);
+  size_t shard[kRaggedBlock];
+  int64_t row[kRaggedBlock], items[kRaggedBlock];
+  const std::byte* src[kRaggedBlock];
+  const int64_t* offsets[kRaggedBlock];
+  // Per row: its values file, then (from kRaggedBlock on) its offsets file.
+  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock];
+  const std::byte* data[2 * kRaggedBlock];
+  const std::byte* at[2 * kRaggedBlock];
+  for (int64_t b = 0; b < count; b += kRaggedBlock) {
+    const int64_t n = std::min(kRaggedBlock, count - b);
+    for (int64_t i = 0; i < n; ++i) {
+      const size_t s = find_shard(col, ids[b + i]);
+      shard[i] = s;
+      row[i] = ids[b + i] - col.starts[s];
+      want[i] = col.lazy_file[s];
+      want[n + i] = col.lazy_offsets_file[s];
+    }
+    pin_block(pins, want, 2 * n, distinct, data, at);
+    const std::byte* const* values = at;
+    for (int64_t i = 0; i < n; ++i) offsets[i] = reinterpret_cast<const int64_t*>(at[n + i]);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t f = want[n + i];
+      if (!files.checked(f)) {
+        check_lazy_offsets(col, col.shards[shard[i]], offsets[i], files.file(f));
+        files.set_checked(f);
+      }
+      __builtin_prefetch(offsets[i] + row[i], 0, 0);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const Shard& sh = col.shards[shard[i]];
+      const int64_t first = offsets[i][row[i]], end = offsets[i][row[i] + 1];
+      if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
+      items[i] = std::min(end - first, cap);
+      src[i] = values[i] + first * item;
+      prefetch_row(src[i], items[i] * item);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      std::byte* out = dst + (b + i) * slot;
+      const int64_t bytes = items[i] * item;
+      if (bytes) std::memcpy(out, src[i], static_cast<size_t>(bytes));
+      fill_pad(out + bytes, slot - bytes, col.pad);
+      lengths[b + i] = items[i];
+    }
+    pins.release();
+  }
+}
+
+// set_shards and set_lazy_shards: checks the table and installs it. files/offsets_files are
+// empty for mapped shards, else one entry per shard.
+void install_shards(ArrayColumn& col, std::vector<Shard> shards, std::shared_ptr<LazyFiles> lazy,
+                    std::vector<int32_t> files, std::vector<int32_t> offsets_files) {
   const std::string what = "column " + col.name + ": ";
   if (col.row_bytes < 0) throw std::invalid_argument(what + "negative row bytes");
   if (col.ragged) {
@@ -211,6 +326,9 @@ void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
       throw std::invalid_argument(what + "pad value of " + std::to_string(col.pad.size()) +
                                   " bytes does not divide an item of " + std::to_string(col.item_bytes));
   }
+  const bool is_lazy = lazy != nullptr;
+  if (is_lazy && (files.size() != shards.size() || (col.ragged && offsets_files.size() != shards.size())))
+    throw std::invalid_argument(what + "lazily mapped shards need a file per shard");
   std::vector<int64_t> starts{0};
   for (size_t s = 0; s < shards.size(); ++s) {
     const Shard& sh = shards[s];
@@ -221,10 +339,29 @@ void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
     if (col.ragged) {
       if (sh.pitch != col.item_bytes)
         throw std::invalid_argument(which + "values are not contiguous items of " + std::to_string(col.item_bytes) + " bytes");
-      if (sh.items < 0 || (sh.rows > 0 && !sh.offsets)) throw std::invalid_argument(which + "has no offsets");
+      if (sh.items < 0 || (!is_lazy && sh.rows > 0 && !sh.offsets)) throw std::invalid_argument(which + "has no offsets");
     }
-    if (sh.rows > 0 && !sh.base && (col.ragged ? sh.items > 0 : col.row_bytes > 0))
+    if (is_lazy) {
+      // The mapped data must hold what the rows read: the file's size is checked when mapped.
+      auto file_of = [&](int32_t id) -> const LazyFile& {
+        if (id < 0 || static_cast<size_t>(id) >= lazy->size())
+          throw std::invalid_argument(which + "names file " + std::to_string(id) + " of " + std::to_string(lazy->size()));
+        return lazy->file(id);
+      };
+      const LazyFile& f = file_of(files[s]);
+      const int64_t need = col.ragged ? sh.items * col.item_bytes
+                                      : (sh.rows > 0 ? (sh.rows - 1) * sh.pitch + col.row_bytes : 0);
+      if (f.bytes < need)
+        throw std::invalid_argument(which + "needs " + std::to_string(need) + " bytes of " + f.path + ", which holds " +
+                                    std::to_string(f.bytes));
+      if (col.ragged) {
+        const LazyFile& o = file_of(offsets_files[s]);
+        if (o.bytes < (sh.rows + 1) * static_cast<int64_t>(sizeof(int64_t)))
+          throw std::invalid_argument(which + "needs " + std::to_string(sh.rows + 1) + " offsets in " + o.path);
+      }
+    } else if (sh.rows > 0 && !sh.base && (col.ragged ? sh.items > 0 : col.row_bytes > 0)) {
       throw std::invalid_argument(which + "has no data");
+    }
     starts.push_back(starts.back() + sh.rows);
   }
   if (shards.empty() && col.ragged) throw std::invalid_argument(what + "a ragged column needs a shard");
@@ -232,20 +369,28 @@ void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
   // Shards without samples are never looked up: dropping them keeps the buckets' walks short.
   std::vector<Shard> kept;
   std::vector<int64_t> index;
+  std::vector<int32_t> kept_files, kept_offsets;
   for (size_t s = 0; s < shards.size(); ++s)
     if (shards[s].rows > 0) {
       kept.push_back(shards[s]);
       index.push_back(static_cast<int64_t>(s));
+      if (is_lazy) kept_files.push_back(files[s]);
+      if (is_lazy && col.ragged) kept_offsets.push_back(offsets_files[s]);
     }
   if (kept.empty()) {  // no samples at all: keep the first shard so the column stays well-formed
     kept.push_back(shards.empty() ? Shard{} : shards[0]);
     index.push_back(0);
+    if (is_lazy && !files.empty()) kept_files.push_back(files[0]);
+    if (is_lazy && col.ragged && !offsets_files.empty()) kept_offsets.push_back(offsets_files[0]);
   }
   col.shards.clear();
   col.starts.clear();
   col.shard_index.clear();
   col.buckets.clear();
-  if (kept.size() == 1 && !col.ragged) {
+  col.lazy.reset();
+  col.lazy_file.clear();
+  col.lazy_offsets_file.clear();
+  if (kept.size() == 1 && !col.ragged && !is_lazy) {
     // One shard is a strided column: keep the fast path.
     col.base = kept[0].base;
     col.pitch = kept[0].pitch;
@@ -255,7 +400,24 @@ void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
   for (const Shard& sh : kept) col.starts.push_back(col.starts.back() + sh.rows);
   col.shards = std::move(kept);
   col.shard_index = std::move(index);
+  if (is_lazy) {
+    for (Shard& sh : col.shards) sh.base = nullptr, sh.offsets = nullptr;
+    col.lazy = std::move(lazy);
+    col.lazy_file = std::move(kept_files);
+    col.lazy_offsets_file = std::move(kept_offsets);
+  }
   build_buckets(col);
+}
+}  // namespace
+
+void set_shards(ArrayColumn& col, std::vector<Shard> shards) {
+  install_shards(col, std::move(shards), nullptr, {}, {});
+}
+
+void set_lazy_shards(ArrayColumn& col, std::vector<Shard> shards, std::shared_ptr<LazyFiles> lazy,
+                     std::vector<int32_t> files, std::vector<int32_t> offsets_files) {
+  if (!lazy) throw std::invalid_argument("column " + col.name + ": lazily mapped shards need their files");
+  install_shards(col, std::move(shards), std::move(lazy), std::move(files), std::move(offsets_files));
 }
 
 namespace {
@@ -275,6 +437,7 @@ void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std:
   // Decided on the whole part, not per block: a sharded column copies it in blocks.
   const bool streaming = count * col.row_bytes >= streaming_min_part_bytes();
   if (!col.sharded()) return gather_with(Strided{col.base, col.pitch, ids}, col.row_bytes, count, dst, streaming);
+  if (col.lazy) return gather_rows_lazy(col, ids, count, dst, streaming);
   const std::byte* rows[kBlock];
   for (int64_t b = 0; b < count; b += kBlock) {
     const int64_t n = std::min(kBlock, count - b);
@@ -297,6 +460,7 @@ void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, st
   size_t shard[kRaggedBlock];
   int64_t row[kRaggedBlock], items[kRaggedBlock];
   const std::byte* src[kRaggedBlock];
+  if (col.lazy) return gather_ragged_lazy(col, ids, count, dst, lengths);
   for (int64_t b = 0; b < count; b += kRaggedBlock) {
     const int64_t n = std::min(kRaggedBlock, count - b);
     for (int64_t i = 0; i < n; ++i) {

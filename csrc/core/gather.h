@@ -4,16 +4,20 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/lazy_mappings.h"
 
 namespace fastload {
 
 // One contiguous piece of a column. Fixed rows: row r is row_bytes at base + r * pitch. Ragged
 // rows: row r is items [offsets[r], offsets[r + 1]) of the shard's values, item k at
 // base + k * pitch; `items` bounds the offsets (they come from files and are checked per row).
+// A lazily mapped shard (set_lazy_shards) has no base or offsets: they are where its files'
+// data start once mapped.
 struct Shard {
   const std::byte* base = nullptr;
   int64_t rows = 0;
@@ -46,6 +50,14 @@ struct ArrayColumn {
   bool ragged = false;
   int64_t item_bytes = 0;
   std::vector<std::byte> pad;  // one element's bytes, repeated over a slot past the row's end
+  // Lazily mapped shards (set_lazy_shards): shard s's rows are the data of file lazy_file[s] of
+  // `lazy` (a ragged shard's offsets: of file lazy_offsets_file[s]), mapped by the collation
+  // thread that needs them and pinned while it copies a block of rows.
+  std::shared_ptr<LazyFiles> lazy;
+  std::vector<int32_t> lazy_file, lazy_offsets_file;
+  // A lazy ragged column: a row of more items than this, found when its shard's offsets are first
+  // mapped, is an error naming the file, not a row cut to the slot; -1 when cuts were asked for.
+  int64_t longest = -1;
 
   bool sharded() const { return !shards.empty(); }
   int64_t max_items() const { return ragged && item_bytes ? row_bytes / item_bytes : 0; }
@@ -57,6 +69,12 @@ struct ArrayColumn {
 // item_bytes, pad (dividing item_bytes) and row_bytes a multiple of item_bytes set before.
 // Throws std::invalid_argument naming the column on a bad table.
 void set_shards(ArrayColumn& col, std::vector<Shard> shards);
+
+// Installs a table of lazily mapped shards: shard s is file files[s] of `lazy` (a ragged one's
+// offsets file offsets_files[s]), whose data must hold its rows (base and offsets are ignored).
+// Throws std::invalid_argument naming the column on a bad table.
+void set_lazy_shards(ArrayColumn& col, std::vector<Shard> shards, std::shared_ptr<LazyFiles> lazy,
+                     std::vector<int32_t> files, std::vector<int32_t> offsets_files);
 
 // Batch parts of at least this many bytes (of rows of 16 KiB or more) are copied with streaming
 // stores (x86): half the last-level cache unless set. Tests set 0 to exercise that copy on small
@@ -70,6 +88,8 @@ void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std:
 // A ragged column: slot i of dst holds row ids[i]'s items, cut at max_items() and padded;
 // lengths[i] the items written. Throws std::invalid_argument if a row's offsets fall outside its
 // shard's values (a corrupt file), naming the column, shard and row.
+// Both throw std::invalid_argument naming the file if a lazily mapped shard cannot be mapped or
+// is not the file its source opened (see LazyFiles::pin).
 void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst,
                    int64_t* lengths);
 

@@ -53,6 +53,10 @@ class ColumnSpec(NamedTuple):
     shards: tuple = ()
     # (item_bytes, pad element bytes) for a ragged column, whose row_bytes is the padded slot.
     ragged: tuple = ()
+    # Shards mapped by the collation threads on demand (_mapping.LazyTable): (fastload._C.LazyFiles,
+    # file per shard, offsets file per shard (ragged), longest row allowed (ragged; -1: any));
+    # the shard table's addresses are then 0.
+    lazy: tuple = ()
 
 
 

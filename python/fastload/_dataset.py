@@ -15,7 +15,7 @@ from ._shards import (check_column_states_of, column_states_of, common_shard_row
                       reduce_value, restore_value, stored_column)
 from ._source import declare_shards as _declare_shards  # noqa: F401 - tests declare shards through here
 from ._source import redeclare as _redeclare
-from ._windows import describe_windows, map_token_files
+from ._windows import TokenFiles, describe_windows, map_token_files
 
 __all__ = ["Dataset", "Windows", "_as_int"]
 
@@ -217,6 +217,8 @@ class Windows:
         return ["tokens"]
 
     def _arrays(self) -> list[tuple[str, Any]]:
+        if isinstance(self._tokens, TokenFiles):
+            return []  # no arrays: files the collation threads map (TokenFiles.check checks them)
         if isinstance(self._tokens, list):
             return [(f"tokens[{k}]", a) for k, a in enumerate(self._tokens)]
         return [("tokens", self._tokens)]
@@ -234,6 +236,9 @@ class Windows:
         return array_source(self.column_specs())
 
     def fingerprint(self) -> list[ColumnState]:
+        if isinstance(self._tokens, TokenFiles):  # from_files past the mapping budget: identities
+            self._tokens.check()
+            return [self._tokens]  # type: ignore[list-item]
         if self.files is not None:  # from_files: fastload's own mappings; one batched stat per check
             from ._mapping import TruncationCheck  # noqa: PLC0415
 
@@ -243,6 +248,9 @@ class Windows:
         return [column_state(label, a, what="tokens") for label, a in self._arrays()]
 
     def check_fingerprint(self, states: list[ColumnState]) -> None:
+        if states and isinstance(states[0], TokenFiles):
+            states[0].check()
+            return
         if self.files is not None and states and not isinstance(states[0], ColumnState):
             states[0].check()  # type: ignore[attr-defined]
             return
@@ -250,8 +258,12 @@ class Windows:
             check_column_state(state, a, what="tokens")
 
     def _state(self) -> tuple:
-        tokens = ([reduce_column(a) for a in self._tokens] if isinstance(self._tokens, list)
-                  else reduce_column(self._tokens))
+        if isinstance(self._tokens, TokenFiles):  # stat'ed (and mapped lazily or not) again on arrival
+            tokens: Any = self._tokens.reduce()
+        elif isinstance(self._tokens, list):
+            tokens = [reduce_column(a) for a in self._tokens]
+        else:
+            tokens = reduce_column(self._tokens)
         declared = None if self._real_shards else self.shard_rows
         return (tokens, self.length, self.stride, self.files, declared)
 
@@ -278,7 +290,11 @@ class Windows:
 def _restore_windows(tokens: Any, length: int, stride: int, files: list[str] | None = None,
                      declared: list[int] | None = None) -> Windows:
     # A from_files Windows travels by its files (memmaps by name); each is mapped again here.
-    arrays = [restore_column(t) for t in tokens] if isinstance(tokens, list) else restore_column(tokens)
+    if isinstance(tokens, tuple) and tokens[0] == "token_files":
+        _, paths, dtype, row_shape = tokens
+        arrays: Any = map_token_files(paths, dtype, row_shape)
+    else:
+        arrays = [restore_column(t) for t in tokens] if isinstance(tokens, list) else restore_column(tokens)
     w = Windows(arrays, length, stride)
     w.files = files
     return _redeclare(w, declared)

@@ -6,6 +6,8 @@ values and an offsets file per shard). Opening reads only the manifest and stats
 data pages); the shards are mapped when a Loader first needs them. The opened Dataset keeps the
 mapped arrays (never their addresses: descriptions are made from them each time), checks every
 file's size at each iter(), and pickles or deep-copies as its path (opened again on arrival).
+A directory of more files than the mapping budget (_mapping.maps_lazily) keeps no mapped arrays:
+the collation threads map its shards when batches touch them, a bounded number at a time.
 """
 from __future__ import annotations
 
@@ -21,12 +23,11 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 from . import _C
-from ._columns import ColumnSpec, ColumnState
+from ._columns import ColumnSpec, ColumnState, array_source, describe_array
 from ._manifest import CHECKSUM, FORMAT, MANIFEST, VERSION, Bad, DatasetError, read_regular
 from ._manifest import check_names, parse, want, want_dtype, want_int, want_shape
-from ._mapping import FileChecks, array_of, describe_change, map_file
+from ._mapping import FileChecks, LazyTable, array_of, describe_change, map_file, maps_lazily
 from ._ragged import Ragged
-from ._columns import array_source
 from ._shards import describe_shards, output_names
 from ._source import redeclare as _redeclare
 
@@ -338,8 +339,9 @@ class DiskDataset:
         self._max_length = {n: _per_column("max_length", max_length, n, ragged) for n in ragged}
         self._shard_rows = rows if len(rows) > 1 else None
         self._real_shards = self._shard_rows is not None
-        # Per column, per shard: the mapped array, or (values, offsets); made at the first need.
-        self._maps: list[list[Any]] | None = None
+        # Per column, per shard: the mapped array, or (values, offsets); made at the first need. Or,
+        # past the mapping budget, a _LazyShards: the files, mapped by the collation threads.
+        self._maps: list[list[Any]] | _LazyShards | None = None
         self._map_lock = threading.Lock()
         if verify:
             self.verify()
@@ -371,10 +373,16 @@ class DiskDataset:
             raise DatasetError(f"{self.path}: the dataset directory was {'removed' if now is None else 'replaced'} "
                                "(overwritten?) since it was opened; open it again and build a new Loader")
 
-    def _mapped(self) -> list[list[Any]]:
+    def _mapped(self) -> list[list[Any]] | "_LazyShards":
         with self._map_lock:
             if self._maps is None:
                 self._check_directory()
+                files = self._all_files()
+                if maps_lazily(len(files)):
+                    lazy = _LazyShards(self._disk_columns, files)
+                    self._checks = lazy.table.checks
+                    self._maps = lazy
+                    return lazy
                 try:
                     maps = [[f.map() if col.kind == "fixed" else (f[0].map(), f[1].map()) for f in col.files]
                             for col in self._disk_columns]
@@ -413,8 +421,12 @@ class DiskDataset:
 
     def column_specs(self) -> list[ColumnSpec]:
         """The core's description of every column, made now from the mapped shards."""
+        maps = self._mapped()
+        if isinstance(maps, _LazyShards):
+            return [maps.spec(col, k, self._shard_sizes, self._pad, self._max_length)
+                    for k, col in enumerate(self._disk_columns)]
         specs = []
-        for col, arrays in zip(self._disk_columns, self._mapped()):
+        for col, arrays in zip(self._disk_columns, maps):
             if col.kind == "fixed":
                 specs.append(describe_shards(col.name, arrays))
             else:
@@ -514,6 +526,38 @@ def _reopen(path: str, pad: Any, max_length: Any, rows: int, shard_sizes: list[i
         raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied "
                            f"({rows} rows in {len(shard_sizes)} shards then, {len(ds)} in {ds.num_shards} now)")
     return _redeclare(ds, declared)
+
+
+class _LazyShards:
+    """A directory's shards past the mapping budget: every file in one LazyTable (in the order of
+    DiskDataset._all_files), and per column the file of each shard (a ragged one: values, offsets)."""
+
+    def __init__(self, columns: list[_Column], files: list[_File]):
+        self.table = LazyTable([f.path for f in files], [f.offset for f in files], [f.nbytes for f in files],
+                               [f.identity for f in files])
+        self.ids: list[Any] = []
+        k = 0
+        for col in columns:
+            per = 1 if col.kind == "fixed" else 2
+            n = len(col.files)
+            self.ids.append(np.arange(k, k + per * n, dtype=np.int32).reshape(n, per))
+            k += per * n
+
+    def spec(self, col: _Column, k: int, shard_rows: list[int], pad: dict, max_length: dict) -> ColumnSpec:
+        ids = self.ids[k]
+        empty = np.empty((0,) + col.row_shape, dtype=col.dtype)  # the dtype and row shape, no data
+        if col.kind == "fixed":
+            base = describe_array(col.name, empty)
+            table = tuple((0, rows, base.row_bytes, 0, 0) for rows in shard_rows)
+            return base._replace(owner=self.table, address=0, rows=sum(shard_rows), pitch=0, shards=table,
+                                 lazy=self.table.spec(ids[:, 0]))
+        cap = max_length[col.name]
+        # As _check_longest: a max_length at or below `longest` makes every cut the user's.
+        cut_asked = cap is not None and not isinstance(cap, bool) and isinstance(cap, int) and 0 <= cap <= col.longest
+        template = Ragged._trusted([empty], [np.zeros(1, dtype=np.int64)], col.longest, pad[col.name], cap)
+        items = [values.shape[0] for values, _ in col.files]
+        lazy = self.table.spec(ids[:, 0], ids[:, 1], -1 if cut_asked else col.longest)
+        return template._describe_lazy(col.name, shard_rows, items, self.table, lazy)
 
 
 class _NameOnly:

@@ -4,12 +4,20 @@ C++, one call).
 
 Python's mmap.mmap and np.memmap keep a duplicate descriptor per mapping: 100,000 mapped shards
 would need 100,000 descriptors. These mappings close theirs at once, so any number of shards
-works under the usual `ulimit -n 1024`."""
+works under the usual `ulimit -n 1024`.
+
+Each mapped file is still one memory mapping, and Linux allows a process vm.max_map_count of them
+(65,530 by default). A source of more files than the mapping budget (a quarter of what that limit
+leaves free when fastload first needs it) is mapped lazily instead: its files are stat'ed, and the
+collation threads map each when a batch touches it, through one cache per process that keeps at
+most the budget of mappings live (fastload._C.MappingCache, csrc/core/lazy_mappings.h)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-from typing import Any, Sequence
+import threading
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -116,3 +124,109 @@ class TruncationCheck:
         for j in np.flatnonzero(same & (now[:, 3] < exp[:, 3])):
             label, a = self._labelled[self._rows[int(j)][0]]
             self._column_state(label, a, self._what)  # raises ValueError naming the file
+
+
+# ---------------------------------------------------------------------------- lazily mapped files
+_MIN_BUDGET = 64
+_cache_lock = threading.Lock()
+_cache: tuple[int, Any] | None = None  # (pid, MappingCache): a forked child makes its own
+
+
+def _max_map_count() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _mappings_in_use() -> int | None:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def default_budget() -> int:
+    """A quarter of the mappings vm.max_map_count leaves free now (at least 64): the rest stays
+    for mappings fastload maps eagerly, the allocator, torch and the user. Without the limit
+    (not Linux): no budget, nothing is mapped lazily."""
+    limit, used = _max_map_count(), _mappings_in_use()
+    if limit is None or used is None:
+        return 1 << 40
+    return max(_MIN_BUDGET, (limit - used) // 4)
+
+
+def mapping_cache() -> Any:
+    """The process's cache of lazy mappings (fastload._C.MappingCache), its budget read once."""
+    global _cache
+    with _cache_lock:
+        if _cache is None or _cache[0] != os.getpid():
+            _cache = (os.getpid(), _C.MappingCache(default_budget()))
+        return _cache[1]
+
+
+@contextlib.contextmanager
+def mapping_budget(budget: int) -> Iterator[Any]:
+    """Tests: sources whose shards are first described inside map lazily past `budget` files,
+    through a fresh cache of that budget (yielded: its stats() are the counters)."""
+    global _cache
+    cache = _C.MappingCache(budget)
+    with _cache_lock:
+        old, _cache = _cache, (os.getpid(), cache)
+    try:
+        yield cache
+    finally:
+        with _cache_lock:
+            _cache = old
+
+
+def maps_lazily(files: int) -> bool:
+    """Whether a source of this many files should be mapped lazily: more files than the budget,
+    or more than the mappings left free now (other sources mapped eagerly meanwhile) less room for
+    the cache's budget (at most a quarter of the limit)."""
+    budget = mapping_cache().budget
+    if files > budget:
+        return True
+    if files <= 1024:  # far below any limit: no need to read /proc/self/maps
+        return False
+    limit, used = _max_map_count(), _mappings_in_use()
+    return limit is not None and used is not None and files > limit - used - min(budget, limit // 4)
+
+
+class LazyTable:
+    """Files for the collation threads to map on demand (fastload._C.LazyFiles): per file its path,
+    where its data lie (offset, bytes) and its identity (st_dev, st_ino, st_mtime_ns, st_size)
+    recorded at open, which each mapping checks (a file replaced or changed since is an error naming
+    it). Built once per source, so mappings outlive Loaders and epochs until evicted."""
+
+    def __init__(self, paths: Sequence[str], offsets: Sequence[int], sizes: Sequence[int],
+                 identities: Sequence[Sequence[int]]):
+        n = len(paths)
+        table = np.empty((n, 6), dtype=np.int64)
+        table[:, 0] = np.asarray(offsets, dtype=np.int64).reshape(n)
+        table[:, 1] = np.asarray(sizes, dtype=np.int64).reshape(n)
+        table[:, 2:] = np.asarray(identities, dtype=np.int64).reshape(n, 4)
+        self.paths = [os.fspath(p) for p in paths]
+        self._table = table
+        self._files = _C.LazyFiles(mapping_cache(), self.paths, table)
+        self._pid = os.getpid()
+        self.identities = table[:, 2:].copy()
+        self.checks = FileChecks(self.paths, self.identities)
+
+    @property
+    def files(self) -> Any:
+        """The native LazyFiles; a forked child gets its own (the parent's cache lock may be held by
+        a thread that did not survive the fork), through the child's cache."""
+        if self._pid != os.getpid():
+            self._files = _C.LazyFiles(mapping_cache(), self.paths, self._table)
+            self._pid = os.getpid()
+        return self._files
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def spec(self, file_ids: Sequence[int], offsets_ids: Sequence[int] = (), longest: int = -1) -> tuple:
+        """The `lazy` field of a ColumnSpec whose shard k is file file_ids[k]."""
+        return (self.files, np.asarray(file_ids, dtype=np.int32), np.asarray(offsets_ids, dtype=np.int32), longest)

@@ -1,16 +1,20 @@
 """Window sources: fixed-length windows along the first axis of one array, of several arrays,
-or of raw .bin files, each array a shard of one column (a window never crosses a shard end)."""
+or of raw .bin files, each array a shard of one column (a window never crosses a shard end).
+Raw files past the mapping budget (_mapping.maps_lazily) are not mapped here but stat'ed
+(TokenFiles): the collation threads map them when batches touch them."""
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from . import _C
 from ._arguments import INT64_MAX
 from ._columns import ColumnSpec, describe_array
-from ._mapping import array_of, map_file
+from ._mapping import LazyTable, array_of, describe_change, map_file, maps_lazily
 
 
 @dataclass
@@ -53,6 +57,8 @@ def _check_pitch(stride: int, spec: ColumnSpec) -> None:
 def describe_windows(tokens: Any, length: int, stride: int) -> WindowLayout:
     """Sample i is tokens[s : s + length] along the first axis; batches are (B, length, *rest).
     Made from the live arrays each time (it holds their addresses)."""
+    if isinstance(tokens, TokenFiles):
+        return _describe_token_files(tokens, length, stride)
     arrays = list(tokens) if isinstance(tokens, (list, tuple)) else None
     if arrays is None:
         spec = _piece(tokens, None)
@@ -86,8 +92,60 @@ def describe_windows(tokens: Any, length: int, stride: int) -> WindowLayout:
     return WindowLayout(window, sum(s.rows for s in specs), sum(unused), unused, [c for c, _ in counts])
 
 
-def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] = ()) -> list[np.ndarray]:
-    """Each raw file as a read-only memory map of shape (rows, *row_shape)."""
+def _describe_token_files(files: "TokenFiles", length: int, stride: int) -> WindowLayout:
+    first = files.template
+    counts = [_count(rows, length, stride) for rows in files.rows]
+    total = sum(c for c, _ in counts)
+    if total == 0:
+        raise ValueError(f"length must be at most the tokens of the longest array ({max(files.rows)}), got {length}")
+    inner = first.row_bytes
+    _check_pitch(stride, first)
+    table = tuple((0, c, stride * inner, 0, 0) for c, _ in counts)
+    window = first._replace(owner=files.table, address=0, rows=total, pitch=0, row_bytes=length * inner,
+                            row_shape=(length,) + first.row_shape, shards=table,
+                            lazy=files.table.spec(np.arange(len(files.rows))))
+    unused = [u for _, u in counts]
+    return WindowLayout(window, sum(files.rows), sum(unused), unused, [c for c, _ in counts])
+
+
+class TokenFiles:
+    """Raw token files past the mapping budget: stat'ed once (their identity recorded), never
+    mapped here; the collation threads map each when a batch touches it, checking it is the file
+    stat'ed. Any change to a file since (replaced, rewritten, touched, grown or truncated) is an
+    error naming it, at the next iter() or where it is mapped: it is never read as other data."""
+
+    def __init__(self, paths: list[str], dtype: np.dtype, row_shape: tuple[int, ...], row_bytes: int):
+        now = _C.FileSet(paths).stat()
+        for path, (dev, err, _, size) in zip(paths, now.tolist()):
+            if dev == -1:
+                if err == errno.EINVAL:
+                    raise ValueError(f"{path}: not a regular file; only regular files can be mapped")
+                raise OSError(err, os.strerror(err), path)
+            if row_bytes == 0 or size % row_bytes:
+                raise ValueError(f"{path}: {size} bytes is not a whole number of rows of {row_bytes} bytes "
+                                 f"({dtype} x {row_shape})")
+        sizes = now[:, 3]
+        self.paths, self.dtype, self.row_shape = paths, dtype, row_shape
+        self.rows = [int(r) for r in sizes // row_bytes]
+        self.template = describe_array("tokens", np.empty((0,) + row_shape, dtype=dtype), what="tokens")
+        self.table = LazyTable(paths, np.zeros(len(paths), dtype=np.int64), sizes, now)
+
+    def check(self) -> None:
+        """At every iter(): each file is still the one stat'ed (one stat per file, in C++)."""
+        changed = self.table.checks.changed()
+        if changed:
+            i, now = changed[0]
+            more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
+            raise ValueError(f"{self.paths[i]}: the token file {describe_change(self.table.identities[i], now)}"
+                             f"{more}; call Windows.from_files again and build a new Loader")
+
+    def reduce(self) -> tuple:
+        return ("token_files", list(self.paths), self.dtype.str, self.row_shape)
+
+
+def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] = ()) -> list[np.ndarray] | TokenFiles:
+    """Each raw file as a read-only memory map of shape (rows, *row_shape); past the mapping budget,
+    the files as TokenFiles (mapped by the collation threads on demand)."""
     if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or len(paths) == 0:
         raise ValueError(f"paths must be a non-empty list of file paths, got {paths!r}")
     try:
@@ -98,6 +156,9 @@ def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] =
     if any(s < 0 for s in shape):
         raise ValueError(f"row_shape must be non-negative sizes, got {tuple(row_shape)}")
     row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    if maps_lazily(len(paths)):
+        # Absolute: the threads map them later, whatever the working directory is then.
+        return TokenFiles([os.path.abspath(os.fspath(p)) for p in paths], dt, shape, row)
     arrays = []
     for p in paths:
         # Mapped without keeping a descriptor (fastload._C.FileMapping): np.memmap keeps one per

@@ -5,6 +5,7 @@
 # reports. Works from any directory.
 #
 #   test_core      the core (csrc/core/*.cpp) with tests/cpp/test_core.cpp
+#   test_lazy_mappings  the core with tests/cpp/test_lazy_mappings.cpp (files mapped on demand)
 #   test_stream    step-based sampling (mixture schedule, stream plans, mixed sources) with
 #                  tests/cpp/test_stream.cpp
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
@@ -35,7 +36,7 @@ mkdir -p "$build"
 common=(-std=c++17 -O1 -g -fno-var-tracking -pthread -Wall -Wextra -I"$repo/csrc")
 core_sources=("$repo"/csrc/core/*.cpp)
 cuda_sources=("$repo"/csrc/cuda/*.cpp)
-binaries=(test_core test_transfer test_stream)
+binaries=(test_core test_lazy_mappings test_transfer test_stream)
 
 flags_for() {
   case "$1" in
@@ -60,8 +61,8 @@ compile() {
   mkdir -p "$dir"
   obj() { echo "$dir/$(basename "${1%.cpp}").o"; }
   # shellcheck disable=SC2046
-  for src in "${core_sources[@]}" "${cuda_sources[@]}" "$here/test_core.cpp" "$here/test_transfer.cpp" \
-             "$here/test_stream.cpp"; do
+  for src in "${core_sources[@]}" "${cuda_sources[@]}" "$here/test_core.cpp" "$here/test_lazy_mappings.cpp" \
+             "$here/test_transfer.cpp" "$here/test_stream.cpp"; do
     "$cxx" "${common[@]}" $(flags_for "$name") -c "$src" -o "$(obj "$src")" &
     pids+=($!)
   done
@@ -76,6 +77,10 @@ compile() {
   # shellcheck disable=SC2046
   "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_core.o" -o "$dir/test_core" &
   pids=($!)
+  # shellcheck disable=SC2046
+  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_lazy_mappings.o" \
+    -o "$dir/test_lazy_mappings" &
+  pids+=($!)
   # shellcheck disable=SC2046
   "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "${cuda_objs[@]}" "$dir/test_transfer.o" \
     -ldl -o "$dir/test_transfer" &

@@ -1,0 +1,338 @@
+// Lazily mapped files (core/lazy_mappings.h) and the gather through them (core/gather.h), under
+// ThreadSanitizer and AddressSanitizer (tests/cpp/run_sanitizers.sh): concurrent pin, unpin and
+// eviction against a small budget, identity checks, and gathers compared with the same rows read
+// from memory.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <random>
+#include <set>
+#include <stdexcept>
+
+#include "core/gather.h"
+#include "core/lazy_mappings.h"
+#include "harness.h"
+
+using namespace fastload;
+
+namespace {
+
+// A scratch directory, removed with its files.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/fastload-lazy-XXXXXX";
+    const char* d = ::mkdtemp(tmpl);
+    if (!d) throw std::runtime_error("mkdtemp failed");
+    path_ = d;
+  }
+  ~TempDir() {
+    for (const std::string& f : files_) ::unlink(f.c_str());
+    ::rmdir(path_.c_str());
+  }
+  std::string file(const std::string& name) {
+    files_.insert(path_ + "/" + name);
+    return path_ + "/" + name;
+  }
+
+ private:
+  std::string path_;
+  std::set<std::string> files_;
+};
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + path);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+LazyFile describe(const std::string& path, int64_t offset, int64_t bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("cannot stat " + path);
+  LazyFile f;
+  f.path = path;
+  f.offset = offset;
+  f.bytes = bytes;
+  f.identity = {static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino),
+                static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+                static_cast<int64_t>(st.st_size)};
+  return f;
+}
+
+// File k: a 16-byte header, then `rows` rows of 8 bytes, byte j of row r = k * 31 + r * 7 + j.
+constexpr int64_t kHeader = 16;
+uint8_t byte_of(int64_t file, int64_t row, int64_t j) { return static_cast<uint8_t>(file * 31 + row * 7 + j); }
+
+std::vector<LazyFile> make_files(TempDir& dir, int n, int64_t rows) {
+  std::vector<LazyFile> files;
+  for (int k = 0; k < n; ++k) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(kHeader + rows * 8), 0xAB);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < 8; ++j) bytes[static_cast<size_t>(kHeader + r * 8 + j)] = byte_of(k, r, j);
+    const std::string path = dir.file("f" + std::to_string(k) + ".bin");
+    write_file(path, bytes);
+    files.push_back(describe(path, kHeader, rows * 8));
+  }
+  return files;
+}
+
+}  // namespace
+
+TEST_CASE(lazy_mappings_concurrent_pin_unpin_and_eviction_stay_within_budget_plus_pins) {
+  TempDir dir;
+  constexpr int kFiles = 48, kThreads = 4;
+  constexpr int64_t kRows = 64;
+  auto cache = std::make_shared<MappingCache>(8);
+  auto files = std::make_shared<LazyFiles>(cache, make_files(dir, kFiles, kRows));
+  std::atomic<int64_t> bad{0};
+  std::atomic<int64_t> over{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) + 1);
+      for (int round = 0; round < 400; ++round) {
+        // A block's distinct files, as gather pins them.
+        std::set<int32_t> pick;
+        const int want = 1 + static_cast<int>(rng() % 6);
+        while (static_cast<int>(pick.size()) < want) pick.insert(static_cast<int32_t>(rng() % kFiles));
+        std::vector<int32_t> ids(pick.begin(), pick.end());
+        std::vector<const std::byte*> data(ids.size());
+        PinnedFiles pins(*files);
+        pins.pin(ids.data(), static_cast<int>(ids.size()), data.data());
+        for (size_t k = 0; k < ids.size(); ++k) {
+          const int64_t r = static_cast<int64_t>(rng() % kRows);
+          for (int64_t j = 0; j < 8; ++j)
+            if (static_cast<uint8_t>(data[k][r * 8 + j]) != byte_of(ids[k], r, j)) ++bad;
+        }
+        const MappingCache::Stats s = cache->stats();
+        if (s.live > s.budget + s.pinned) ++over;
+        if (rng() % 4 == 0) std::this_thread::yield();
+      }  // unpinned here
+    });
+  }
+  for (auto& th : threads) th.join();
+  const MappingCache::Stats s = cache->stats();
+  CHECK(bad.load() == 0);
+  CHECK(over.load() == 0);
+  CHECK_MSG(s.peak_excess <= 0, "peak_excess " << s.peak_excess);
+  CHECK(s.pinned == 0);
+  CHECK_MSG(s.live <= 8, "live " << s.live);
+  CHECK_MSG(s.evictions > 0 && s.maps > kFiles, "maps " << s.maps << " evictions " << s.evictions);
+  CHECK(s.maps - s.evictions == s.live);
+  CHECK(s.failures == 0);
+  files.reset();  // unmaps what is still mapped
+  CHECK(cache->stats().live == 0);
+}
+
+TEST_CASE(lazy_mappings_all_pinned_go_over_budget_instead_of_waiting) {
+  TempDir dir;
+  auto cache = std::make_shared<MappingCache>(2);
+  LazyFiles files(cache, make_files(dir, 5, 4));
+  const int32_t ids[5] = {0, 1, 2, 3, 4};
+  const std::byte* data[5];
+  files.pin(ids, 5, data);
+  CHECK(cache->stats().live == 5);
+  CHECK(cache->stats().pinned == 5);
+  for (int k = 0; k < 5; ++k) CHECK(static_cast<uint8_t>(data[k][3]) == byte_of(k, 0, 3));
+  files.pin(ids + 1, 1, data);  // pins are counted: file 1 stays until both are released
+  files.unpin(ids, 5);
+  MappingCache::Stats s = cache->stats();
+  CHECK_MSG(s.live == 2 && s.pinned == 1, "live " << s.live << " pinned " << s.pinned);
+  files.unpin(ids + 1, 1);
+  s = cache->stats();
+  CHECK(s.live == 2 && s.pinned == 0 && s.evictions == 3 && s.peak_excess <= 0);
+}
+
+TEST_CASE(lazy_mappings_a_file_changed_since_open_is_named_and_nothing_stays_pinned) {
+  TempDir dir;
+  auto cache = std::make_shared<MappingCache>(4);
+  std::vector<LazyFile> described = make_files(dir, 4, 8);
+  const std::string other = dir.file("other.bin");
+  write_file(other, std::vector<uint8_t>(kHeader + 64, 1));
+  LazyFiles files(cache, described);
+  const int32_t ids[3] = {0, 1, 2};
+  const std::byte* data[3];
+  // Replaced by another file of the same size (a rename over it): a new inode.
+  if (::rename(other.c_str(), described[1].path.c_str()) != 0) throw std::runtime_error("rename failed");
+  CHECK_THROWS(files.pin(ids, 3, data), std::invalid_argument, described[1].path + ": the file was replaced");
+  CHECK(cache->stats().pinned == 0);  // file 0, pinned before file 1 failed, was released
+  CHECK(cache->stats().failures == 1);
+  // Truncated, deleted: named too.
+  if (::truncate(described[2].path.c_str(), kHeader) != 0) throw std::runtime_error("truncate failed");
+  CHECK_THROWS(files.pin(ids + 2, 1, data), std::invalid_argument, "truncated");
+  ::unlink(described[3].path.c_str());
+  const int32_t three = 3;
+  CHECK_THROWS(files.pin(&three, 1, data), std::invalid_argument, described[3].path + ": the file is missing");
+  // The others still map.
+  files.pin(ids, 1, data);
+  CHECK(static_cast<uint8_t>(data[0][9]) == byte_of(0, 1, 1));
+  files.unpin(ids, 1);
+  CHECK(cache->stats().pinned == 0);
+}
+
+TEST_CASE(lazy_gather_matches_the_rows_in_memory_fixed_and_ragged) {
+  TempDir dir;
+  constexpr int kFiles = 40;
+  constexpr int64_t kRows = 5;
+  auto cache = std::make_shared<MappingCache>(3);
+  auto lazy = std::make_shared<LazyFiles>(cache, make_files(dir, kFiles, kRows));
+  ArrayColumn col;
+  col.name = "x";
+  col.dtype = {1, 8};
+  col.row_shape = {8};
+  col.row_bytes = 8;
+  std::vector<Shard> shards;
+  std::vector<int32_t> ids;
+  for (int k = 0; k < kFiles; ++k) {
+    shards.push_back({nullptr, kRows, 8, nullptr, 0});
+    ids.push_back(static_cast<int32_t>(k));
+  }
+  set_lazy_shards(col, shards, lazy, ids, {});
+  CHECK(col.rows == kFiles * kRows);
+  std::mt19937_64 rng(3);
+  std::vector<int64_t> sample(700);
+  for (auto& s : sample) s = static_cast<int64_t>(rng() % static_cast<uint64_t>(col.rows));
+  std::vector<uint8_t> out(sample.size() * 8);
+  gather_rows(col, sample.data(), static_cast<int64_t>(sample.size()), reinterpret_cast<std::byte*>(out.data()));
+  bool same = true;
+  for (size_t i = 0; i < sample.size(); ++i)
+    for (int64_t j = 0; j < 8; ++j)
+      same &= out[i * 8 + static_cast<size_t>(j)] == byte_of(sample[i] / kRows, sample[i] % kRows, j);
+  CHECK(same);
+  CHECK(cache->stats().pinned == 0 && cache->stats().live <= 3);
+
+  // Ragged: shard k has rows of k % 4 items (one byte each), values and offsets in two files.
+  std::vector<LazyFile> rfiles;
+  std::vector<Shard> rshards;
+  std::vector<int32_t> values_ids, offsets_ids;
+  for (int k = 0; k < 12; ++k) {
+    const int64_t rows = 3, len = k % 4, items = rows * len;
+    std::vector<uint8_t> values(static_cast<size_t>(items));
+    for (int64_t v = 0; v < items; ++v) values[static_cast<size_t>(v)] = static_cast<uint8_t>(k * 10 + v);
+    std::vector<uint8_t> offsets((rows + 1) * 8);
+    for (int64_t r = 0; r <= rows; ++r) {
+      const int64_t o = r * len;
+      std::memcpy(offsets.data() + r * 8, &o, 8);
+    }
+    const std::string vp = dir.file("v" + std::to_string(k)), op = dir.file("o" + std::to_string(k));
+    write_file(vp, values);
+    write_file(op, offsets);
+    values_ids.push_back(static_cast<int32_t>(rfiles.size()));
+    rfiles.push_back(describe(vp, 0, items));
+    offsets_ids.push_back(static_cast<int32_t>(rfiles.size()));
+    rfiles.push_back(describe(op, 0, (rows + 1) * 8));
+    rshards.push_back({nullptr, rows, 1, nullptr, items});
+  }
+  auto rlazy = std::make_shared<LazyFiles>(cache, rfiles);
+  ArrayColumn r;
+  r.name = "r";
+  r.dtype = {1, 8};
+  r.row_shape = {3};
+  r.row_bytes = 3;
+  r.ragged = true;
+  r.item_bytes = 1;
+  r.pad = {std::byte{0xFF}};
+  r.longest = 3;
+  set_lazy_shards(r, rshards, rlazy, values_ids, offsets_ids);
+  std::vector<int64_t> rs(200);
+  for (auto& s : rs) s = static_cast<int64_t>(rng() % 36);
+  std::vector<uint8_t> slots(rs.size() * 3);
+  std::vector<int64_t> lengths(rs.size());
+  gather_ragged(r, rs.data(), static_cast<int64_t>(rs.size()), reinterpret_cast<std::byte*>(slots.data()),
+                lengths.data());
+  same = true;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const int64_t k = rs[i] / 3, row = rs[i] % 3, len = k % 4;
+    same &= lengths[i] == len;
+    for (int64_t j = 0; j < 3; ++j)
+      same &= slots[i * 3 + static_cast<size_t>(j)] == (j < len ? static_cast<uint8_t>(k * 10 + row * len + j) : 0xFF);
+  }
+  CHECK(same);
+  CHECK(cache->stats().pinned == 0);
+
+  // A row longer than the declared longest is named when its shard's offsets are first mapped.
+  // (Shard 3 was checked at longest 3 already: a fresh LazyFiles checks again.)
+  r.longest = 2;
+  auto fresh = std::make_shared<LazyFiles>(cache, rfiles);
+  ArrayColumn r2 = r;
+  set_lazy_shards(r2, rshards, fresh, values_ids, offsets_ids);
+  const int64_t row_of_shard_3 = 3 * 3;
+  CHECK_THROWS(gather_ragged(r2, &row_of_shard_3, 1, reinterpret_cast<std::byte*>(slots.data()), lengths.data()),
+               std::invalid_argument, "o3: a row of 3 items, longer than the manifest's columns[].longest (2)");
+  CHECK(cache->stats().pinned == 0);
+}
+
+TEST_CASE(lazy_gather_from_threads_sharing_one_cache) {
+  // Collation threads gather shuffled blocks of one column while the cache evicts under them.
+  TempDir dir;
+  constexpr int kFiles = 64;
+  constexpr int64_t kRows = 3;
+  auto cache = std::make_shared<MappingCache>(4);
+  auto lazy = std::make_shared<LazyFiles>(cache, make_files(dir, kFiles, kRows));
+  ArrayColumn col;
+  col.name = "x";
+  col.dtype = {1, 8};
+  col.row_shape = {8};
+  col.row_bytes = 8;
+  std::vector<Shard> shards(kFiles, Shard{nullptr, kRows, 8, nullptr, 0});
+  std::vector<int32_t> ids(kFiles);
+  for (int k = 0; k < kFiles; ++k) ids[static_cast<size_t>(k)] = k;
+  set_lazy_shards(col, shards, lazy, ids, {});
+  std::atomic<int64_t> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) + 100);
+      std::vector<int64_t> sample(16);
+      std::vector<uint8_t> out(sample.size() * 8);
+      for (int round = 0; round < 300; ++round) {
+        for (auto& s : sample) s = static_cast<int64_t>(rng() % static_cast<uint64_t>(col.rows));
+        gather_rows(col, sample.data(), static_cast<int64_t>(sample.size()), reinterpret_cast<std::byte*>(out.data()));
+        for (size_t i = 0; i < sample.size(); ++i)
+          for (int64_t j = 0; j < 8; ++j)
+            if (out[i * 8 + static_cast<size_t>(j)] != byte_of(sample[i] / kRows, sample[i] % kRows, j)) ++bad;
+      }
+    });
+  for (auto& th : threads) th.join();
+  const MappingCache::Stats s = cache->stats();
+  CHECK(bad.load() == 0);
+  CHECK_MSG(s.peak_excess <= 0 && s.pinned == 0 && s.live <= 4 && s.evictions > 0,
+            "peak_excess " << s.peak_excess << " live " << s.live << " evictions " << s.evictions);
+}
+
+TEST_CASE(lazy_mappings_refuse_a_forked_child_instead_of_taking_a_lock_it_may_never_get) {
+  TempDir dir;
+  auto cache = std::make_shared<MappingCache>(4);
+  auto files = std::make_shared<LazyFiles>(cache, make_files(dir, 3, 2));
+  const int32_t ids[2] = {0, 1};
+  const std::byte* data[2];
+  files->pin(ids, 2, data);  // held across the fork, as by a collation thread of the parent
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int status = 0;
+    try {
+      files->pin(ids, 1, data);
+      status = 1;  // should have thrown
+    } catch (const std::runtime_error& e) {
+      status = std::string(e.what()).find("forked child") == std::string::npos ? 2 : 0;
+    }
+    files.reset();  // unmaps without the lock
+    ::_exit(status);
+  }
+  int status = -1;
+  ::waitpid(pid, &status, 0);
+  CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status " << status);
+  files->unpin(ids, 2);
+  CHECK(cache->stats().pinned == 0);
+}
+
+int main(int argc, char** argv) { return harness::run_cases(argc, argv, "test_lazy_mappings"); }
