@@ -64,14 +64,62 @@ __attribute__((always_inline)) inline void forward_values_body(const Network f, 
   for (int64_t i = 0; i < count; ++i) values[i] = network_forward(f, values[i]);
 }
 
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) void forward_range_avx2(const Network& f, uint64_t first,
-                                                        int64_t count, int64_t* out) {
-  forward_range_body(f, first, count, out);
+// Values per vector pass (8 lanes of 32 bits with AVX2). Counts are rounded up to whole passes:
+// the vector loop's scalar tail costs several times a pass (a mixture's short runs of rows and
+// every cycle-walking pass end in one), and the extra lanes are computed on values nobody reads.
+constexpr int64_t kLanes = 8;
+constexpr int64_t kChunk = 256;  // a multiple of kLanes
+
+inline int64_t whole_passes(int64_t count) { return (count + kLanes - 1) / kLanes * kLanes; }
+
+// out[i] = P[first + i] for i < count: the network over the range, then cycle-walking of the
+// values outside [0, n). One body per instruction set, so that the key broadcasts happen once
+// per call rather than once per pass.
+__attribute__((always_inline)) inline void fill_body(const Network f, uint64_t n, uint64_t first,
+                                                     int64_t count, int64_t* __restrict out) {
+  uint64_t values[kChunk];
+  int64_t where[kChunk];
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const int64_t len = count - begin < kChunk ? count - begin : kChunk;
+    int64_t* chunk = out + begin;
+    const uint64_t at = first + static_cast<uint64_t>(begin);
+    const int64_t whole = len / kLanes * kLanes;
+    forward_range_body(f, at, whole, chunk);
+    if (whole < len) {  // the last, partial pass into a scratch vector
+      int64_t tail[kLanes];
+      forward_range_body(f, at + static_cast<uint64_t>(whole), kLanes, tail);
+      for (int64_t i = whole; i < len; ++i) chunk[i] = tail[i - whole];
+    }
+    // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
+    // vectorised passes over a compacted list, each pass leaving fewer than half behind again.
+    // Branch-free compaction: whether a value is outside [0, n) is a coin flip for the branch
+    // predictor. A value still outside is written back too, and overwritten once it lands.
+    int64_t pending = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      values[pending] = static_cast<uint64_t>(chunk[i]);
+      where[pending] = i;
+      pending += static_cast<uint64_t>(chunk[i]) >= n;
+    }
+    while (pending > 0) {
+      const int64_t padded = whole_passes(pending);  // <= kChunk
+      for (int64_t j = pending; j < padded; ++j) values[j] = 0;
+      forward_values_body(f, padded, values);
+      int64_t still = 0;
+      for (int64_t j = 0; j < pending; ++j) {
+        chunk[where[j]] = static_cast<int64_t>(values[j]);
+        values[still] = values[j];
+        where[still] = where[j];
+        still += values[j] >= n;
+      }
+      pending = still;
+    }
+  }
 }
-__attribute__((target("avx2"))) void forward_values_avx2(const Network& f, int64_t count,
-                                                         uint64_t* values) {
-  forward_values_body(f, count, values);
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void fill_avx2(const Network& f, uint64_t n, uint64_t first, int64_t count,
+                                               int64_t* out) {
+  fill_body(f, n, first, count, out);
 }
 bool cpu_has_avx2() {
   static const bool has = [] {
@@ -82,18 +130,11 @@ bool cpu_has_avx2() {
 }
 #endif
 
-void forward_range(const Network& f, uint64_t first, int64_t count, int64_t* out) {
+void fill_any(const Network& f, uint64_t n, uint64_t first, int64_t count, int64_t* out) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2()) return forward_range_avx2(f, first, count, out);
+  if (cpu_has_avx2()) return fill_avx2(f, n, first, count, out);
 #endif
-  forward_range_body(f, first, count, out);
-}
-
-void forward_values(const Network& f, int64_t count, uint64_t* values) {
-#if defined(__x86_64__)
-  if (cpu_has_avx2()) return forward_values_avx2(f, count, values);
-#endif
-  forward_values_body(f, count, values);
+  fill_body(f, n, first, count, out);
 }
 }  // namespace
 
@@ -137,36 +178,7 @@ uint64_t Permutation::inverse(uint64_t value) const {
 }
 
 void Permutation::fill(uint64_t first, int64_t count, int64_t* out) const {
-  const Network f = network_of(right_bits_, left_mask_, right_mask_, keys_);
-  // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
-  // vectorised passes over a compacted list, each pass leaving fewer than half behind again.
-  constexpr int64_t kChunk = 256;
-  uint64_t values[kChunk];
-  int64_t where[kChunk];
-  for (int64_t begin = 0; begin < count; begin += kChunk) {
-    const int64_t len = count - begin < kChunk ? count - begin : kChunk;
-    int64_t* chunk = out + begin;
-    forward_range(f, first + static_cast<uint64_t>(begin), len, chunk);
-    // Branch-free compaction: whether a value is outside [0, n) is a coin flip for the branch
-    // predictor. A value still outside is written back too, and overwritten once it lands.
-    int64_t pending = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      values[pending] = static_cast<uint64_t>(chunk[i]);
-      where[pending] = i;
-      pending += static_cast<uint64_t>(chunk[i]) >= n_;
-    }
-    while (pending > 0) {
-      forward_values(f, pending, values);
-      int64_t still = 0;
-      for (int64_t j = 0; j < pending; ++j) {
-        chunk[where[j]] = static_cast<int64_t>(values[j]);
-        values[still] = values[j];
-        where[still] = where[j];
-        still += values[j] >= n_;
-      }
-      pending = still;
-    }
-  }
+  fill_any(network_of(right_bits_, left_mask_, right_mask_, keys_), n_, first, count, out);
 }
 
 }  // namespace fastload

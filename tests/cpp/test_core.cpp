@@ -482,6 +482,26 @@ TEST_CASE(permutation_is_a_bijection_with_inverse_and_fill) {
   }
 }
 
+TEST_CASE(permutation_fill_of_short_ranges_matches_and_writes_only_its_range) {
+  // Short counts end in a partial vector pass (computed aside) and cycle-walk in passes padded
+  // to whole vectors: every count from 0 to 40 at random offsets, sizes that walk and that don't.
+  std::mt19937_64 rng(77);
+  for (uint64_t n : {uint64_t{1}, uint64_t{9}, uint64_t{100}, uint64_t{129}, uint64_t{4096}, uint64_t{5000},
+                     uint64_t{262143}, uint64_t{175781}}) {
+    const Permutation p(n, rng(), 5);
+    for (int64_t count = 0; count <= 40; ++count) {
+      if (static_cast<uint64_t>(count) > n) break;
+      const uint64_t first = rng() % (n - static_cast<uint64_t>(count) + 1);
+      std::vector<int64_t> out(static_cast<size_t>(count) + 8, -7);
+      p.fill(first, count, out.data());
+      bool ok = true;
+      for (int64_t i = 0; i < count; ++i) ok &= static_cast<uint64_t>(out[static_cast<size_t>(i)]) == p(first + i);
+      for (size_t i = static_cast<size_t>(count); i < out.size(); ++i) ok &= out[i] == -7;
+      CHECK_MSG(ok, "n=" << n << " first=" << first << " count=" << count);
+    }
+  }
+}
+
 TEST_CASE(permutation_depends_on_seed_and_stream) {
   const uint64_t n = 1000;
   std::set<std::vector<uint64_t>> distinct;
