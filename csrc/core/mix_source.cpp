@@ -57,7 +57,8 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
   sub.count = count;
   sub.parts = part_ptrs;
   sub.extras = &extras;
-  sub.source_of = sub.local_ids = nullptr;
+  sub.source_of = sub.local_ids = sub.source_rows = nullptr;
+  sub.num_sources = 0;
   children_[static_cast<size_t>(child)]->fill(sub);
   if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
 }
@@ -72,6 +73,23 @@ void MixSource::fill(const FillRequest& r) {
     part_ptrs = many.data();
   }
   const int children = static_cast<int>(children_.size());
+  if (r.source_rows && r.local_ids) {
+    // The plan's own split, as where each source's rows start.
+    if (r.num_sources != children)
+      throw std::logic_error("a plan of " + std::to_string(r.num_sources) + " sources fills a mixture of " +
+                             std::to_string(children));
+    int64_t k = 0;
+    for (int j = 0; j < children; ++j) {
+      const int64_t end = r.source_rows[j + 1];
+      if (r.source_rows[j] != k || end < k || end > r.count)
+        throw std::logic_error("a plan's rows of mixture source " + std::to_string(j) + " are not [" +
+                               std::to_string(k) + ", <= " + std::to_string(r.count) + ")");
+      if (end > k) fill_run(r, j, k, end - k, r.local_ids + k, part_ptrs);
+      k = end;
+    }
+    if (k != r.count) throw std::logic_error("a plan's sources do not cover the batch");
+    return;
+  }
   if (r.source_of && r.local_ids) {
     // The plan's own split: runs of one source in source order (a binary search per source).
     for (int64_t k = 0; k < r.count;) {

@@ -1,8 +1,8 @@
 // Several sources of one schema as one: ids are laid end to end (child j's sample i is id
 // offset_j + i). A batch's rows come grouped by source (stream_plan.h), so a fill is one child
 // fill per run of rows, each writing straight into its rows of the batch's parts. A stream plan
-// hands over each row's source and local id (FillRequest::source_of, local_ids); other ids are
-// split and translated here.
+// hands over where each source's rows start and each row's local id (FillRequest::source_rows and
+// local_ids, or source_of per row); other ids are split and translated here.
 #pragma once
 #include <memory>
 #include <vector>

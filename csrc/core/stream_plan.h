@@ -66,6 +66,9 @@ class StreamPlan final : public BatchPlan {
   int num_sources() const override { return static_cast<int>(config_->sources.size()); }
   bool fills_sources() const override { return true; }
   void add_source_rows(int64_t batch, int64_t* counts) const override;
+  // A thread's cursor keeps its last step's extras and each source's current epoch: its next
+  // batch advances them in O(sources * steps apart), with no lock and no shared reference count.
+  std::unique_ptr<PlanCursor> cursor() const override;
 
   int64_t first_step() const { return first_; }
   int64_t end_step() const { return end_; }
@@ -76,6 +79,7 @@ class StreamPlan final : public BatchPlan {
   void step_counts(int64_t step, int64_t* out) const;
 
  private:
+  class Cursor;  // stream_plan.cpp
   struct Extras {
     int64_t step = -1;         // schedule step (global step - origin)
     std::vector<int64_t> sum;  // E_j(step) of every source
@@ -93,12 +97,18 @@ class StreamPlan final : public BatchPlan {
   std::shared_ptr<const Ordering> ordering(int source, int64_t epoch) const;
   // Rows [*lo, *hi) of this replica's batch come from the step's positions [start, start + count).
   void rows_of(int64_t start, int64_t count, int64_t* lo, int64_t* hi) const;
+  // The cursor's extras moved to schedule step `local` (stepped from its last step when near).
+  void move_extras(Cursor& cursor, int64_t local) const;
+  // Source j's rows [lo, hi) of a batch whose stream positions start at `first` (row lo's).
+  void fill_source(Cursor& cursor, int j, int64_t first, int64_t lo, int64_t hi, const BatchRows& out) const;
+  int64_t fill_with(int64_t batch, const BatchRows& out, Cursor& cursor) const;
 
   std::shared_ptr<const StreamConfig> config_;
   int64_t first_, end_, epoch_;
-  // Collation threads build nearby steps: E_j at a recent step advances in O(sources) per step
-  // instead of two O(log M) floor sums per source. Orderings are built once per (source, epoch)
-  // (O(shards) for a shard-aware order). Both caches are small and guarded by mutex_.
+  // What a cursor does not have yet (a thread's first batch, a far jump, a source's new epoch)
+  // comes from these caches, shared by the threads: E_j at a recent step advances in O(sources)
+  // per step instead of two O(log M) floor sums per source, and orderings are built once per
+  // (source, epoch) (O(shards) for a shard-aware order). Both are small and guarded by mutex_.
   static constexpr size_t kExtrasCache = 8;
   static constexpr int64_t kMaxAdvance = 256;
   static constexpr size_t kOrderingsPerSource = 4;
