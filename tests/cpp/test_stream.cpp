@@ -557,37 +557,49 @@ TEST_CASE(mix_source_fills_runs_from_where_each_source_starts) {
     for (int64_t i = 0; i < sizes[j]; ++i) a[j].push_back(1000 * j + i);
     children.push_back(std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("a", a[j])}));
   }
-  MixSource mix(children);
-  std::mt19937_64 rng(3);
-  for (int it = 0; it < 200; ++it) {
-    std::vector<int64_t> starts{0}, local, ids;
-    for (int j = 0; j < 3; ++j) {
-      const int64_t rows = static_cast<int64_t>(rng() % 6);  // some sources have no rows
-      for (int64_t i = 0; i < rows; ++i) {
-        local.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(sizes[j])));
-        ids.push_back(offsets[j] + local.back());
+  // Strided children are read straight from their columns; with a sharded child every run is
+  // its child's own fill: both must fill what the ids fill.
+  std::vector<int64_t> first_rows(a[2].begin(), a[2].begin() + 3), last_rows(a[2].begin() + 3, a[2].end());
+  ArrayColumn sharded = int64_column("a", a[2]);
+  set_shards(sharded, {Shard{reinterpret_cast<const std::byte*>(first_rows.data()), 3, 8},
+                       Shard{reinterpret_cast<const std::byte*>(last_rows.data()), 4, 8}});
+  auto mixed_children = children;
+  mixed_children[2] = std::make_shared<ArraySource>(std::vector<ArrayColumn>{sharded});
+  for (const auto& kids : {children, mixed_children}) {
+    MixSource mix(kids);
+    std::mt19937_64 rng(3);
+    for (int it = 0; it < 200; ++it) {
+      std::vector<int64_t> starts{0}, local, ids, values;
+      for (int j = 0; j < 3; ++j) {
+        const int64_t rows = static_cast<int64_t>(rng() % 6);  // some sources have no rows
+        for (int64_t i = 0; i < rows; ++i) {
+          local.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(sizes[j])));
+          ids.push_back(offsets[j] + local.back());
+          values.push_back(1000 * j + local.back());
+        }
+        starts.push_back(starts.back() + rows);
       }
-      starts.push_back(starts.back() + rows);
+      const int64_t count = starts.back();
+      std::vector<int64_t> want(static_cast<size_t>(count) + 1, 7), got(want.size(), 7);
+      std::byte* want_parts[1] = {reinterpret_cast<std::byte*>(want.data())};
+      std::byte* got_parts[1] = {reinterpret_cast<std::byte*>(got.data())};
+      FillRequest r;
+      r.ids = ids.data();
+      r.count = count;
+      r.parts = want_parts;
+      mix.fill(r);
+      FillRequest g;
+      g.count = count;
+      g.parts = got_parts;
+      g.local_ids = local.data();
+      g.source_rows = starts.data();
+      g.num_sources = 3;
+      mix.fill(g);
+      CHECK_MSG(got == want, "iteration " << it);
+      CHECK(std::equal(values.begin(), values.end(), got.begin()) && got.back() == 7);
     }
-    const int64_t count = starts.back();
-    std::vector<int64_t> want(static_cast<size_t>(count) + 1, 7), got(want.size(), 7);
-    std::byte* want_parts[1] = {reinterpret_cast<std::byte*>(want.data())};
-    std::byte* got_parts[1] = {reinterpret_cast<std::byte*>(got.data())};
-    FillRequest r;
-    r.ids = ids.data();
-    r.count = count;
-    r.parts = want_parts;
-    mix.fill(r);
-    FillRequest g;
-    g.count = count;
-    g.parts = got_parts;
-    g.local_ids = local.data();
-    g.source_rows = starts.data();
-    g.num_sources = 3;
-    mix.fill(g);
-    CHECK_MSG(got == want, "iteration " << it);
-    CHECK(got.back() == 7);
   }
+  MixSource mix(children);
   std::vector<int64_t> local{0, 0, 0}, sink(3);
   std::byte* parts[1] = {reinterpret_cast<std::byte*>(sink.data())};
   FillRequest r;
