@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
     cfg.num_samples = rows;
     cfg.batch_size = batch;
     cfg.shuffle = true;
-    plan = std::make_shared<EpochPlan>(cfg, 0, 0);
+    // The epoch's last BATCHES batches: the engine builds exactly those (a run that stops early
+    // leaves a varying number of prefetched batches in the count).
+    plan = std::make_shared<EpochPlan>(cfg, 0, rows / batch * batch - batches * batch);
   } else {
     data.reset(static_cast<uint16_t*>(std::calloc(static_cast<size_t>(tokens), 2)));
     const uint16_t* t = data.get();
@@ -139,7 +141,7 @@ int main(int argc, char** argv) {
       auto child = std::make_shared<ArraySource>(std::vector<ArrayColumn>{c});
       source = mode == "one" ? std::shared_ptr<BatchSource>(child)
                              : std::make_shared<MixSource>(std::vector<std::shared_ptr<BatchSource>>{child});
-      plan = std::make_shared<StreamPlan>(stream_of({c.rows}, {1.0}, batch), 0, batches + 64, 0);
+      plan = std::make_shared<StreamPlan>(stream_of({c.rows}, {1.0}, batch), 0, batches, 0);
     } else if (mode == "mix3" || mode == "mix3eq") {
       const std::vector<double> w = {0.6, 0.3, 0.1};
       // mix3: parts sized as the weights; mix3eq: 1/2, 1/4, 1/4 of the tokens, so that each
@@ -156,7 +158,7 @@ int main(int argc, char** argv) {
         children.push_back(std::make_shared<ArraySource>(std::vector<ArrayColumn>{c}));
       }
       source = std::make_shared<MixSource>(children);
-      plan = std::make_shared<StreamPlan>(stream_of(lengths, w, batch), 0, batches + 64, 0);
+      plan = std::make_shared<StreamPlan>(stream_of(lengths, w, batch), 0, batches, 0);
     } else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;
@@ -167,10 +169,12 @@ int main(int argc, char** argv) {
   outputs.emplace_back(plan, false);
   auto p = e.start(std::move(outputs));
   int64_t checksum = 0;
-  for (int64_t k = 0; k < batches; ++k) {
+  for (;;) {
     Batch b;
-    while (p->next(0, std::chrono::milliseconds(100), &b) == NextStatus::Timeout) {
+    NextStatus s;
+    while ((s = p->next(0, std::chrono::milliseconds(100), &b)) == NextStatus::Timeout) {
     }
+    if (s != NextStatus::Ok) break;
     checksum += b.rows;
   }
   e.close();

@@ -91,7 +91,8 @@ __attribute__((always_inline)) inline void fill_body(const Network f, uint64_t n
       for (int64_t i = whole; i < len; ++i) chunk[i] = tail[i - whole];
     }
     // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
-    // vectorised passes over a compacted list, each pass leaving fewer than half behind again.
+    // vectorised passes over a compacted list, each pass leaving fewer than half behind again,
+    // until one vector holds the rest.
     // Branch-free compaction: whether a value is outside [0, n) is a coin flip for the branch
     // predictor. A value still outside is written back too, and overwritten once it lands.
     int64_t pending = 0;
@@ -100,7 +101,7 @@ __attribute__((always_inline)) inline void fill_body(const Network f, uint64_t n
       where[pending] = i;
       pending += static_cast<uint64_t>(chunk[i]) >= n;
     }
-    while (pending > 0) {
+    while (pending > kLanes) {
       const int64_t padded = whole_passes(pending);  // <= kChunk
       for (int64_t j = pending; j < padded; ++j) values[j] = 0;
       forward_values_body(f, padded, values);
@@ -112,6 +113,22 @@ __attribute__((always_inline)) inline void fill_body(const Network f, uint64_t n
         still += values[j] >= n;
       }
       pending = still;
+    }
+    if (pending > 0) {
+      // The last few values walk together in one vector, each lane stepping until it lands: no
+      // compaction and no loop of variable length per step (a mixture's short runs end here).
+      uint64_t v[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) v[j] = j < pending ? values[j] : 0;  // 0 < n: landed
+      for (;;) {
+        uint64_t outside = 0;
+        for (int64_t j = 0; j < kLanes; ++j) {
+          const uint64_t w = network_forward(f, v[j]);
+          v[j] = v[j] >= n ? w : v[j];
+          outside |= v[j] >= n;
+        }
+        if (!outside) break;
+      }
+      for (int64_t j = 0; j < pending; ++j) chunk[where[j]] = static_cast<int64_t>(v[j]);
     }
   }
 }
