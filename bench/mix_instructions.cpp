@@ -3,7 +3,7 @@
 // difference in batches (bench/mix_instructions.sh does that), which leaves the steady state per
 // batch without set-up. Counts are stable under other load, unlike times on a shared machine.
 //
-//   mix_instructions MODE BATCHES [--batch B] [--tokens T] [--threads N] [--row-bytes R]
+//   mix_instructions MODE BATCHES [--batch B] [--tokens T] [--threads N] [--row-bytes R] [--replicas W]
 //
 // MODE: epoch (one array column, EpochPlan: the epoch path's hot loop; rows of R bytes),
 //       one   (token windows of one array through a StreamPlan of one source, as steps= runs it),
@@ -12,6 +12,8 @@
 //       mix3eq (the same weights over views of 1/2, 1/4 and 1/4 of the array: each part's
 //              permutation cycle-walks as much as the one source's).
 // Token windows are 1025 uint16 tokens with stride 1024, as bench/bench_mix.py reads them.
+// --replicas W: stream modes build rank 0's batches of W replicas (world size W: a global batch
+// of W * B, every W-th position of each source's share).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -63,7 +65,7 @@ MixSchedule schedule_of(const std::vector<double>& w, int64_t g) {
 }
 
 std::shared_ptr<const StreamConfig> stream_of(const std::vector<int64_t>& lengths, const std::vector<double>& w,
-                                              int64_t batch) {
+                                              int64_t batch, int64_t replicas) {
   auto c = std::make_shared<StreamConfig>();
   int64_t offset = 0;
   const int n = static_cast<int>(lengths.size());
@@ -77,8 +79,9 @@ std::shared_ptr<const StreamConfig> stream_of(const std::vector<int64_t>& length
     c->sources.push_back(s);
     c->base_positions.push_back(0);
   }
-  c->schedule = schedule_of(w, batch);
+  c->schedule = schedule_of(w, batch * replicas);
   c->batch_size = batch;
+  c->replicas = replicas;
   c->seed = kSeed;
   return c;
 }
@@ -88,12 +91,12 @@ std::shared_ptr<const StreamConfig> stream_of(const std::vector<int64_t>& length
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr, "usage: %s epoch|one|mix1|mix3 BATCHES [--batch B] [--tokens T] [--threads N] "
-                         "[--row-bytes R]\n", argv[0]);
+                         "[--row-bytes R] [--replicas W]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
   const int64_t batches = std::atoll(argv[2]);
-  int64_t batch = 64, tokens = int64_t{1} << 28, row_bytes = 64;
+  int64_t batch = 64, tokens = int64_t{1} << 28, row_bytes = 64, replicas = 1;
   int threads = 2;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
     else if (k == "--tokens") tokens = v;
     else if (k == "--threads") threads = static_cast<int>(v);
     else if (k == "--row-bytes") row_bytes = v;
+    else if (k == "--replicas") replicas = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -141,7 +145,7 @@ int main(int argc, char** argv) {
       auto child = std::make_shared<ArraySource>(std::vector<ArrayColumn>{c});
       source = mode == "one" ? std::shared_ptr<BatchSource>(child)
                              : std::make_shared<MixSource>(std::vector<std::shared_ptr<BatchSource>>{child});
-      plan = std::make_shared<StreamPlan>(stream_of({c.rows}, {1.0}, batch), 0, batches, 0);
+      plan = std::make_shared<StreamPlan>(stream_of({c.rows}, {1.0}, batch, replicas), 0, batches, 0);
     } else if (mode == "mix3" || mode == "mix3eq") {
       const std::vector<double> w = {0.6, 0.3, 0.1};
       // mix3: parts sized as the weights; mix3eq: 1/2, 1/4, 1/4 of the tokens, so that each
@@ -158,7 +162,7 @@ int main(int argc, char** argv) {
         children.push_back(std::make_shared<ArraySource>(std::vector<ArrayColumn>{c}));
       }
       source = std::make_shared<MixSource>(children);
-      plan = std::make_shared<StreamPlan>(stream_of(lengths, w, batch), 0, batches, 0);
+      plan = std::make_shared<StreamPlan>(stream_of(lengths, w, batch, replicas), 0, batches, 0);
     } else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;

@@ -50,12 +50,21 @@ inline uint64_t network_backward(const Network& f, uint64_t x) {
   return (static_cast<uint64_t>(left) << f.right_bits) | right;
 }
 
-// out[i] = forward(first + i)
-__attribute__((always_inline)) inline void forward_range_body(const Network f, uint64_t first,
-                                                              int64_t count,
-                                                              int64_t* __restrict out) {
-  for (int64_t i = 0; i < count; ++i)
-    out[i] = static_cast<int64_t>(network_forward(f, first + static_cast<uint64_t>(i)));
+// Positions first, first + step, first + 2*step, ...: a rank's share of a step-based stream
+// (every world_size-th position) takes the same vector loop as a contiguous range.
+struct Contiguous {
+  uint64_t at(uint64_t first, int64_t i) const { return first + static_cast<uint64_t>(i); }
+};
+struct Strided {
+  uint64_t step;
+  uint64_t at(uint64_t first, int64_t i) const { return first + static_cast<uint64_t>(i) * step; }
+};
+
+// out[i] = forward(position i of the range from first)
+template <typename Range>
+__attribute__((always_inline)) inline void forward_range_body(const Network f, Range range, uint64_t first,
+                                                              int64_t count, int64_t* __restrict out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(network_forward(f, range.at(first, i)));
 }
 
 // values[i] = forward(values[i])
@@ -75,19 +84,20 @@ inline int64_t whole_passes(int64_t count) { return (count + kLanes - 1) / kLane
 // out[i] = P[first + i] for i < count: the network over the range, then cycle-walking of the
 // values outside [0, n). One body per instruction set, so that the key broadcasts happen once
 // per call rather than once per pass.
-__attribute__((always_inline)) inline void fill_body(const Network f, uint64_t n, uint64_t first,
+template <typename Range>
+__attribute__((always_inline)) inline void fill_body(const Network f, Range range, uint64_t n, uint64_t first,
                                                      int64_t count, int64_t* __restrict out) {
   uint64_t values[kChunk];
   int64_t where[kChunk];
   for (int64_t begin = 0; begin < count; begin += kChunk) {
     const int64_t len = count - begin < kChunk ? count - begin : kChunk;
     int64_t* chunk = out + begin;
-    const uint64_t at = first + static_cast<uint64_t>(begin);
+    const uint64_t at = range.at(first, begin);
     const int64_t whole = len / kLanes * kLanes;
-    forward_range_body(f, at, whole, chunk);
+    forward_range_body(f, range, at, whole, chunk);
     if (whole < len) {  // the last, partial pass into a scratch vector
       int64_t tail[kLanes];
-      forward_range_body(f, at + static_cast<uint64_t>(whole), kLanes, tail);
+      forward_range_body(f, range, range.at(at, whole), kLanes, tail);
       for (int64_t i = whole; i < len; ++i) chunk[i] = tail[i - whole];
     }
     // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
@@ -134,9 +144,10 @@ __attribute__((always_inline)) inline void fill_body(const Network f, uint64_t n
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) void fill_avx2(const Network& f, uint64_t n, uint64_t first, int64_t count,
-                                               int64_t* out) {
-  fill_body(f, n, first, count, out);
+template <typename Range>
+__attribute__((target("avx2"))) void fill_avx2(const Network& f, Range range, uint64_t n, uint64_t first,
+                                               int64_t count, int64_t* out) {
+  fill_body(f, range, n, first, count, out);
 }
 bool cpu_has_avx2() {
   static const bool has = [] {
@@ -147,11 +158,12 @@ bool cpu_has_avx2() {
 }
 #endif
 
-void fill_any(const Network& f, uint64_t n, uint64_t first, int64_t count, int64_t* out) {
+template <typename Range>
+void fill_any(const Network& f, Range range, uint64_t n, uint64_t first, int64_t count, int64_t* out) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2()) return fill_avx2(f, n, first, count, out);
+  if (cpu_has_avx2()) return fill_avx2(f, range, n, first, count, out);
 #endif
-  fill_body(f, n, first, count, out);
+  fill_body(f, range, n, first, count, out);
 }
 }  // namespace
 
@@ -195,7 +207,11 @@ uint64_t Permutation::inverse(uint64_t value) const {
 }
 
 void Permutation::fill(uint64_t first, int64_t count, int64_t* out) const {
-  fill_any(network_of(right_bits_, left_mask_, right_mask_, keys_), n_, first, count, out);
+  fill_any(network_of(right_bits_, left_mask_, right_mask_, keys_), Contiguous{}, n_, first, count, out);
+}
+
+void Permutation::fill_strided(uint64_t first, uint64_t step, int64_t count, int64_t* out) const {
+  fill_any(network_of(right_bits_, left_mask_, right_mask_, keys_), Strided{step}, n_, first, count, out);
 }
 
 }  // namespace fastload

@@ -250,7 +250,7 @@ void StreamPlan::fill_source(Cursor& cur, int j, int64_t first, int64_t lo, int6
     if (R == 1) {
       e.ordering->fill(within, run, own);
     } else {
-      for (int64_t i = 0; i < run; ++i) own[i] = (*e.ordering)(within + i * R);
+      e.ordering->fill_strided(within, R, run, own);  // this replica's every R-th position
     }
     if (!ids) {
     } else if (own != ids) {
