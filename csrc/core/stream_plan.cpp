@@ -2,6 +2,7 @@
 #include "core/stream_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -82,8 +83,18 @@ StreamPlan::StreamPlan(std::shared_ptr<const StreamConfig> config, int64_t first
       bad("source " + std::to_string(j) + "'s stream position would pass 2^62 by step " + std::to_string(end_));
   }
   extras_cache_.resize(kExtrasCache);
-  orderings_.assign(config_->sources.size(), std::vector<CachedOrdering>(kOrderingsPerSource));
-  orderings_next_.assign(config_->sources.size(), 0);
+  const size_t n = config_->sources.size();
+  orderings_.assign(n, std::vector<CachedOrdering>(kOrderingsPerSource));
+  orderings_next_.assign(n, 0);
+  blocks_.assign(n, std::vector<std::shared_ptr<const IdBlock>>(kBlocksPerSource));
+  blocks_next_.assign(n, 0);
+  block_ids_.assign(n, 0);
+  if (config_->replicas == 1)  // a rank of several reads every R-th position: a block would be mostly waste
+    for (int j = 0; j < num_sources(); ++j) {
+      const int64_t per_step = config_->schedule.base(j) + 1;
+      block_ids_[static_cast<size_t>(j)] =
+          std::clamp<int64_t>((kStepsPerBlock * per_step + 63) / 64 * 64, kMinBlock, kMaxBlock);
+    }
 }
 
 int64_t StreamPlan::rows(int64_t batch) const {
@@ -165,6 +176,32 @@ std::shared_ptr<const Ordering> StreamPlan::ordering(int source, int64_t epoch) 
   return built;
 }
 
+std::shared_ptr<const StreamPlan::IdBlock> StreamPlan::id_block(int source, int64_t epoch, int64_t within,
+                                                                const Ordering& order) const {
+  const size_t j = static_cast<size_t>(source);
+  const int64_t len = block_ids_[j], first = within / len * len;
+  auto find_locked = [&]() -> std::shared_ptr<const IdBlock> {
+    for (const auto& b : blocks_[j])
+      if (b && b->epoch == epoch && b->first == first) return b;
+    return nullptr;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto found = find_locked()) return found;
+  }
+  auto built = std::make_shared<IdBlock>();  // one permutation pass, unlocked
+  built->epoch = epoch;
+  built->first = first;
+  built->size = std::min(len, order.size() - first);
+  built->ids.reset(new int64_t[static_cast<size_t>(built->size)]);
+  order.fill(first, built->size, built->ids.get());
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto found = find_locked()) return found;  // another thread was first
+  blocks_[j][blocks_next_[j]] = built;
+  blocks_next_[j] = (blocks_next_[j] + 1) % kBlocksPerSource;
+  return built;
+}
+
 void StreamPlan::positions(int64_t step, int64_t* out) const {
   if (step < config_->origin || step > end_)
     throw std::out_of_range("step " + std::to_string(step) + " out of the stream's range [" +
@@ -200,8 +237,10 @@ void StreamPlan::add_source_rows(int64_t batch, int64_t* counts) const {
 class StreamPlan::Cursor final : public PlanCursor {
  public:
   struct Epoch {
+    int64_t number = 0;
     int64_t first = 0;  // stream position of the epoch's first sample
     std::shared_ptr<const Ordering> ordering;  // null: none yet
+    std::shared_ptr<const IdBlock> block;      // the ids it last copied (world size 1)
   };
   Cursor(const StreamPlan* plan, size_t sources) : PlanCursor(plan), extras(sources), epochs(sources) {}
   int64_t local = -1;           // the schedule step `extras` is at (-1: none yet)
@@ -238,9 +277,9 @@ void StreamPlan::fill_source(Cursor& cur, int j, int64_t first, int64_t lo, int6
     // Rows k, k+1, ... hold stream positions p, p+R, ...: fill the run that stays in one epoch.
     const int64_t p = first + (k - lo) * R;
     if (!e.ordering || p < e.first || p - e.first >= N) {
-      const int64_t epoch = p / N;
-      e.ordering = ordering(j, epoch);
-      e.first = epoch * N;
+      e.number = p / N;
+      e.ordering = ordering(j, e.number);
+      e.first = e.number * N;
     }
     const int64_t within = p - e.first;
     const int64_t run = std::min(hi - k, R == 1 ? N - within : (N - within + R - 1) / R);
@@ -248,7 +287,17 @@ void StreamPlan::fill_source(Cursor& cur, int j, int64_t first, int64_t lo, int6
     int64_t* ids = out.ids ? out.ids + k : nullptr;
     int64_t* own = out.local_ids ? out.local_ids + k : ids;
     if (R == 1) {
-      e.ordering->fill(within, run, own);
+      for (int64_t done = 0; done < run;) {  // copied from the source's id blocks
+        const int64_t at = within + done;
+        const IdBlock* b = e.block.get();
+        if (!b || b->epoch != e.number || at < b->first || at - b->first >= b->size) {
+          e.block = id_block(j, e.number, at, *e.ordering);
+          b = e.block.get();
+        }
+        const int64_t n = std::min(run - done, b->first + b->size - at);
+        std::memcpy(own + done, b->ids.get() + (at - b->first), static_cast<size_t>(n) * sizeof(int64_t));
+        done += n;
+      }
     } else {
       e.ordering->fill_strided(within, R, run, own);  // this replica's every R-th position
     }

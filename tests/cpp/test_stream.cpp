@@ -339,6 +339,60 @@ TEST_CASE(stream_plan_cursor_gives_the_rows_of_a_fresh_fill) {
   }
 }
 
+TEST_CASE(stream_plan_id_blocks_across_block_and_epoch_ends) {
+  // At world size 1 a source's ids are copied from blocks of consecutive positions shared by the
+  // threads: sources longer than a block (runs that cross block ends and epoch ends), several
+  // threads with their own cursors filling batches in any order, a plan of many blocks per
+  // source (the shared ring evicts): every batch is the brute-force stream's.
+  std::mt19937_64 rng(52);
+  for (int it = 0; it < 6; ++it) {
+    auto c = std::make_shared<StreamConfig>();
+    const int64_t lengths[3] = {300 + static_cast<int64_t>(rng() % 700), 1000 + static_cast<int64_t>(rng() % 300),
+                                70 + static_cast<int64_t>(rng() % 50)};
+    int64_t offset = 0;
+    for (int j = 0; j < 3; ++j) {
+      StreamSource src;
+      src.order.num_samples = lengths[j];
+      src.order.seed = stream_source_seed(5, j, 3);
+      src.order.shuffle = true;
+      src.order.order = it % 3 == 2 ? Order::Block : Order::Random;
+      src.order.block_size = 16;
+      src.offset = offset;
+      offset += lengths[j];
+      c->sources.push_back(src);
+      c->base_positions.push_back(static_cast<int64_t>(rng() % 2000));
+    }
+    const Quotas q = random_quotas(rng, 3, 12);
+    c->schedule = MixSchedule(q.g, q.base, q.shares, rng() % M);
+    c->batch_size = q.g;
+    c->seed = 5;
+    const int64_t steps = 300;
+    const auto plan = std::make_shared<StreamPlan>(c, 0, steps, 0);
+    std::vector<Filled> want;
+    for (int64_t k = 0; k < steps; ++k) {
+      want.push_back(fill_all(*plan, k, nullptr));
+      std::vector<int64_t> brute_ids, brute_src;
+      brute_batch(*c, k, &brute_ids, &brute_src);
+      CHECK_MSG(want.back().ids == brute_ids && want.back().sources == brute_src, "iteration " << it << " step " << k);
+    }
+    std::atomic<int64_t> next{0};
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        std::unique_ptr<PlanCursor> cursor = plan->cursor();
+        std::mt19937_64 local(static_cast<uint64_t>(t));
+        for (int64_t n; (n = next.fetch_add(1)) < 2 * steps;) {
+          // Mostly in order, as collation threads claim steps; sometimes anywhere.
+          const int64_t k = local() % 5 == 0 ? static_cast<int64_t>(local() % steps) : n % steps;
+          if (!(fill_all(*plan, k, cursor.get()) == want[static_cast<size_t>(k)])) wrong.fetch_add(1);
+        }
+      });
+    for (auto& t : threads) t.join();
+    CHECK_MSG(wrong.load() == 0, "iteration " << it << ": " << wrong.load() << " wrong batches");
+  }
+}
+
 TEST_CASE(stream_plan_positions_far_away_match_the_schedule) {
   std::mt19937_64 rng(8);
   const StreamCase sc = random_stream(rng, 3, 16, 2, 1, 5);
