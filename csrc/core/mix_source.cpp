@@ -83,6 +83,18 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
   if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
 }
 
+void MixSource::bad_split(const FillRequest& r) const {
+  int64_t k = 0;
+  for (size_t j = 0; j < children_.size(); ++j) {
+    const int64_t end = r.source_rows[j + 1];
+    if (r.source_rows[j] != k || end < k || end > r.count)
+      throw std::logic_error("a plan's rows of mixture source " + std::to_string(j) + " are not [" +
+                             std::to_string(k) + ", <= " + std::to_string(r.count) + ")");
+    k = end;
+  }
+  throw std::logic_error("a plan's sources do not cover the batch");
+}
+
 void MixSource::fill_strided(const FillRequest& r) {
   const std::byte* inline_rows[kInlineRows];
   std::vector<const std::byte*> many;
@@ -122,15 +134,9 @@ void MixSource::fill(const FillRequest& r) {
     if (r.num_sources != children)
       throw std::logic_error("a plan of " + std::to_string(r.num_sources) + " sources fills a mixture of " +
                              std::to_string(children));
-    int64_t k = 0;
-    for (int j = 0; j < children; ++j) {
-      const int64_t end = r.source_rows[j + 1];
-      if (r.source_rows[j] != k || end < k || end > r.count)
-        throw std::logic_error("a plan's rows of mixture source " + std::to_string(j) + " are not [" +
-                               std::to_string(k) + ", <= " + std::to_string(r.count) + ")");
-      k = end;
-    }
-    if (k != r.count) throw std::logic_error("a plan's sources do not cover the batch");
+    bool split = r.source_rows[0] == 0 && r.source_rows[children] == r.count;
+    for (int j = 0; j < children; ++j) split &= r.source_rows[j] <= r.source_rows[j + 1];
+    if (!split) bad_split(r);
     if (!strided_.empty()) return fill_strided(r);
     for (int j = 0; j < children; ++j) {
       const int64_t lo = r.source_rows[j], hi = r.source_rows[j + 1];

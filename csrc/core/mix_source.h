@@ -35,6 +35,7 @@ class MixSource final : public BatchSource {
                 std::byte** part_ptrs);
   // The plan's split (source_rows, local_ids) over strided children: one gather per part.
   void fill_strided(const FillRequest& r);
+  [[noreturn]] void bad_split(const FillRequest& r) const;  // names what is wrong with source_rows
 
   std::vector<std::shared_ptr<BatchSource>> children_;
   std::vector<PartSchema> schema_;
