@@ -2,10 +2,16 @@
 
 1. Throughput: a 3-source blend of token windows (fl.Mix, weights 0.6/0.3/0.1, steps=) against
    one source holding the same tokens (steps=, and without steps= as the epoch-based baseline),
-   in-memory uint16 tokens, windows of 1025 with stride 1024, batch 64, shuffled. The Mix reads
-   either views of the one source's array (the cost of mixing alone) or three separate arrays.
-   Rounds interleave the loaders; the table shows medians, and the median of the per-round
-   ratios with their min-max, of samples/s and of the process's CPU time per sample.
+   in-memory uint16 tokens, windows of 1025 with stride 1024, batch 64 (--batch), shuffled. The
+   Mix reads views of the one source's array (the cost of mixing alone) or three separate arrays,
+   sized as the weights (60/30/10% of the tokens); a third Mix reads views of 1/2, 1/4 and 1/4 of
+   the array. A shuffled source of n samples computes between n and 2n permutation values
+   (cycle-walking up to the next power of two), so parts sized as the weights walk more or less
+   than the one source depending on the sizes (2^28 tokens: the one source hardly walks, its
+   parts do), while parts a power of two apart walk as the one source does: that Mix is the fair
+   comparison of what mixing costs. Rounds interleave the loaders; the table shows medians, and
+   the median of the per-round ratios with their min-max, of samples/s and of the process's CPU
+   time per sample.
 2. Start-up at scale: a Mix of 10^12 samples (three sources whose rows are one repeated row, so no
    memory is needed): Loader construction and the first batch, median and min over repeats.
 3. The schedule's long-run exactness: for several weight sets, the largest gap over 10^6 steps
@@ -15,7 +21,8 @@
    id per blended sample, built up front with numpy, per-source shuffles included): its build time
    and peak memory (tracemalloc) at several sizes, beside fastload's (no index: nothing to build).
 
-Prints tables and exits 0. Run `python bench/bench_mix.py [--quick]`.
+Prints tables and exits 0. Run `python bench/bench_mix.py [--quick] [--batch B] [--tokens T]
+[--only throughput]`.
 """
 from __future__ import annotations
 
@@ -62,12 +69,17 @@ def throughput(args) -> list[str]:
     sizes = [int(total * w) for w in WEIGHTS.values()]
     parts = [tokens(n, k) for k, n in enumerate(sizes)]
     whole = np.concatenate(parts)
-    cuts = np.cumsum([0] + sizes)
     windows = lambda t: fl.Windows(t, length=1025, stride=1024)  # noqa: E731
+
+    def views_of(fractions: list[float]) -> fl.Mix:
+        cuts = np.cumsum([0] + [int(total * f) for f in fractions])
+        return fl.Mix({name: windows(whole[cuts[k]:cuts[k + 1]]) for k, name in enumerate(WEIGHTS)}, WEIGHTS)
+
     one = windows(whole)
-    views = fl.Mix({name: windows(whole[cuts[k]:cuts[k + 1]]) for k, name in enumerate(WEIGHTS)}, WEIGHTS)
+    views = views_of(list(WEIGHTS.values()))
+    halves = views_of([0.5, 0.25, 0.25])
     separate = fl.Mix({name: windows(parts[k]) for k, name in enumerate(WEIGHTS)}, WEIGHTS)
-    b, threads = 64, args.threads
+    b, threads = args.batch, args.threads
     total_batches = args.batches + args.warmup
     # steps is larger than needed so the run never ends inside a measurement; every loader is
     # built once (threads and buffers) and restarted per round.
@@ -76,6 +88,8 @@ def throughput(args) -> list[str]:
         "one source, steps=": lambda: fl.Loader(one, b, shuffle=True, num_threads=threads, steps=10**12),
         "Mix of 3 (views of that array), steps=": lambda: fl.Loader(views, b, shuffle=True, num_threads=threads,
                                                                   steps=10**12),
+        "Mix of 3 (views of 1/2, 1/4, 1/4: walks as one source), steps=": lambda: fl.Loader(
+            halves, b, shuffle=True, num_threads=threads, steps=10**12),
         "Mix of 3 (separate arrays), steps=": lambda: fl.Loader(separate, b, shuffle=True, num_threads=threads,
                                                               steps=10**12),
     }
@@ -100,7 +114,7 @@ def throughput(args) -> list[str]:
         return f"{statistics.median(r):.3f}x ({min(r):.3f}–{max(r):.3f})"
 
     base, base_cpu = results["one source, steps="], cpu["one source, steps="]
-    lines = [f"### Throughput: uint16 windows 1025/1024, batch 64, shuffled, {threads} threads, "
+    lines = [f"### Throughput: {total:,} uint16 tokens, windows 1025/1024, batch {b}, shuffled, {threads} threads, "
              f"{args.rounds} interleaved rounds of {args.batches} batches",
              "",
              "| loader | samples/s (median) | samples/s / one source with steps= (median of rounds, min–max) | "
@@ -256,6 +270,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--tokens", type=int, default=2**28, help="tokens of the three sources together (uint16)")
+    p.add_argument("--batch", type=int, default=64, help="batch size of the throughput table")
+    p.add_argument("--only", choices=["throughput", "startup", "discrepancy", "index"],
+                   help="run one section only")
     args = p.parse_args()
     logging.getLogger("fastload").setLevel(logging.ERROR)  # the stall hint: this loop takes batches as fast as it can
     args.index_sizes = [10**6, 10**7, 10**8]
@@ -266,7 +283,10 @@ def main() -> None:
         args.discrepancy_steps = 10**5
     print(f"# bench_mix: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()}, "
           f"{os.cpu_count()} CPUs, {platform.python_version()}, fastload {fl.__version__}")
-    for section in (throughput, startup, discrepancy, index_cost):
+    sections = {"throughput": throughput, "startup": startup, "discrepancy": discrepancy, "index": index_cost}
+    for name, section in sections.items():
+        if args.only and name != args.only:
+            continue
         print()
         print("\n".join(section(args)), flush=True)
 

@@ -3,8 +3,23 @@
 // of global steps of an endless stream over one source or a weighted mixture of several.
 #pragma once
 #include <cstdint>
+#include <memory>
 
 namespace fastload {
+
+// One collation thread's own state for one plan (BatchPlan::cursor()): what it worked out for
+// its last batch, so that its next batch, usually a few steps on, starts from there with no lock
+// and no counter shared with the other threads.
+class BatchPlan;
+class PlanCursor {
+ public:
+  explicit PlanCursor(const BatchPlan* owner) : owner_(owner) {}
+  virtual ~PlanCursor() = default;
+  const BatchPlan* owner() const { return owner_; }  // a plan reads only its own cursors
+
+ private:
+  const BatchPlan* owner_;
+};
 
 // Where a plan writes one batch's rows; null pointers are parts the batch does not have.
 struct BatchRows {
@@ -13,6 +28,10 @@ struct BatchRows {
   bool* valid = nullptr;       // even="mask": false on padding
   int64_t* sources = nullptr;  // a mixture's source index of every row
   int64_t* local_ids = nullptr;  // a mixture's: each row's id within its own source
+  // A mixture's: where each source's rows start (num_sources() + 1 entries, the last = rows).
+  int64_t* source_rows = nullptr;
+  // The filling thread's cursor from this plan's cursor(), or null (then fill() starts afresh).
+  PlanCursor* cursor = nullptr;
 };
 
 class BatchPlan {
@@ -33,9 +52,12 @@ class BatchPlan {
   virtual int64_t position_after(int64_t batches_done) const = 0;
   // A mixture's sources (1 otherwise), and the rows of each in a batch (added to counts[j]).
   virtual int num_sources() const { return 1; }
-  // Whether fill() writes BatchRows::sources and local_ids when asked (rows grouped by source,
-  // in source order), so that a mixed source need not work them out from the ids.
+  // Whether fill() writes BatchRows::sources, local_ids and source_rows when asked (rows grouped
+  // by source, in source order), so that a mixed source need not work them out from the ids.
   virtual bool fills_sources() const { return false; }
+  // A new cursor for one thread's fill() calls (BatchRows::cursor), or null if the plan has no
+  // use for one. fill() gives the same rows with or without it.
+  virtual std::unique_ptr<PlanCursor> cursor() const { return nullptr; }
   virtual void add_source_rows(int64_t /*batch*/, int64_t* /*counts*/) const {}
 };
 

@@ -38,9 +38,13 @@ struct FillRequest {
   // only moves it along with the batch.
   std::shared_ptr<void>* extras = nullptr;
   // For a source that wants_sources(), when the plan knows them: each row's source (rows grouped
-  // by source, in source order) and its id within that source. Null otherwise.
+  // by source, in source order) and its id within that source; where each source's rows start
+  // (num_sources + 1 entries, the last = count), which spares reading source_of (then it may be
+  // null). Null otherwise.
   const int64_t* source_of = nullptr;
   const int64_t* local_ids = nullptr;
+  const int64_t* source_rows = nullptr;
+  int num_sources = 0;
 };
 
 class BatchSource {

@@ -451,6 +451,11 @@ void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std:
   }
 }
 
+void gather_addresses(const std::byte* const* rows, int64_t row_bytes, int64_t count, std::byte* dst) {
+  const bool streaming = count * row_bytes >= streaming_min_part_bytes();
+  gather_with(Resolved{rows}, row_bytes, count, dst, streaming);
+}
+
 void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst,
                    int64_t* lengths) {
   // Three passes per block so that the misses of each overlap: find the rows and prefetch their

@@ -85,6 +85,10 @@ void set_streaming_min_part_bytes(int64_t bytes);
 // dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows). Not for ragged columns.
 void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst);
 
+// dst[i] = the row_bytes bytes at rows[i], for i < count: rows the caller resolved (a mixture
+// of strided columns), copied as gather_rows copies a part of count rows.
+void gather_addresses(const std::byte* const* rows, int64_t row_bytes, int64_t count, std::byte* dst);
+
 // A ragged column: slot i of dst holds row ids[i]'s items, cut at max_items() and padded;
 // lengths[i] the items written. Throws std::invalid_argument if a row's offsets fall outside its
 // shard's values (a corrupt file), naming the column, shard and row.

@@ -1,6 +1,8 @@
 // Several sources as one; see mix_source.h.
 #include "core/mix_source.h"
 
+#include "core/array_source.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -16,6 +18,8 @@ std::string describe(const PartSchema& p) {
 
 // Part pointers of one child fill live on the stack up to this many parts.
 constexpr size_t kInlineParts = 32;
+// Row addresses of a strided batch live on the stack up to this many rows.
+constexpr int64_t kInlineRows = 256;
 }  // namespace
 
 MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : children_(std::move(children)) {
@@ -38,6 +42,22 @@ MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : child
     }
     offsets_.push_back(offsets_.back() + children_[j]->size());
   }
+  // Arrays of strided fixed-size columns (one part each; not sharded, not ragged) are read
+  // straight from their columns.
+  std::vector<const ArraySource*> arrays;
+  for (const auto& c : children_) {
+    const auto* a = dynamic_cast<const ArraySource*>(c.get());
+    if (!a || a->columns().size() != schema_.size()) return;
+    for (const ArrayColumn& col : a->columns())
+      if (col.sharded() || col.ragged || !col.base) return;
+    arrays.push_back(a);
+  }
+  strided_.resize(schema_.size());
+  for (size_t p = 0; p < schema_.size(); ++p)
+    for (const ArraySource* a : arrays) {
+      strided_[p].base.push_back(a->columns()[p].base);
+      strided_[p].pitch.push_back(a->columns()[p].pitch);
+    }
 }
 
 int MixSource::child_of(int64_t id) const {
@@ -57,9 +77,46 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
   sub.count = count;
   sub.parts = part_ptrs;
   sub.extras = &extras;
-  sub.source_of = sub.local_ids = nullptr;
+  sub.source_of = sub.local_ids = sub.source_rows = nullptr;
+  sub.num_sources = 0;
   children_[static_cast<size_t>(child)]->fill(sub);
   if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
+}
+
+void MixSource::bad_split(const FillRequest& r) const {
+  int64_t k = 0;
+  for (size_t j = 0; j < children_.size(); ++j) {
+    const int64_t end = r.source_rows[j + 1];
+    if (r.source_rows[j] != k || end < k || end > r.count)
+      throw std::logic_error("a plan's rows of mixture source " + std::to_string(j) + " are not [" +
+                             std::to_string(k) + ", <= " + std::to_string(r.count) + ")");
+    k = end;
+  }
+  throw std::logic_error("a plan's sources do not cover the batch");
+}
+
+void MixSource::fill_strided(const FillRequest& r) {
+  const std::byte* inline_rows[kInlineRows];
+  std::vector<const std::byte*> many;
+  const std::byte** rows = inline_rows;
+  if (r.count > kInlineRows) {
+    many.resize(static_cast<size_t>(r.count));
+    rows = many.data();
+  }
+  const size_t children = children_.size();
+  const int64_t* __restrict local = r.local_ids;
+  for (size_t p = 0; p < strided_.size(); ++p) {
+    const StridedPart& part = strided_[p];
+    for (size_t j = 0; j < children; ++j) {
+      const std::byte* const base = part.base[j];
+      const int64_t pitch = part.pitch[j], lo = r.source_rows[j], hi = r.source_rows[j + 1];
+      const std::byte** __restrict out = rows;
+#pragma GCC unroll 4
+      for (int64_t k = lo; k < hi; ++k) out[k] = base + local[k] * pitch;
+    }
+    // One pass over the batch: the copy prefetches across the sources' boundaries.
+    gather_addresses(rows, static_cast<int64_t>(schema_[p].row_bytes), r.count, r.parts[p]);
+  }
 }
 
 void MixSource::fill(const FillRequest& r) {
@@ -72,6 +129,21 @@ void MixSource::fill(const FillRequest& r) {
     part_ptrs = many.data();
   }
   const int children = static_cast<int>(children_.size());
+  if (r.source_rows && r.local_ids) {
+    // The plan's own split, as where each source's rows start.
+    if (r.num_sources != children)
+      throw std::logic_error("a plan of " + std::to_string(r.num_sources) + " sources fills a mixture of " +
+                             std::to_string(children));
+    bool split = r.source_rows[0] == 0 && r.source_rows[children] == r.count;
+    for (int j = 0; j < children; ++j) split &= r.source_rows[j] <= r.source_rows[j + 1];
+    if (!split) bad_split(r);
+    if (!strided_.empty()) return fill_strided(r);
+    for (int j = 0; j < children; ++j) {
+      const int64_t lo = r.source_rows[j], hi = r.source_rows[j + 1];
+      if (hi > lo) fill_run(r, j, lo, hi - lo, r.local_ids + lo, part_ptrs);
+    }
+    return;
+  }
   if (r.source_of && r.local_ids) {
     // The plan's own split: runs of one source in source order (a binary search per source).
     for (int64_t k = 0; k < r.count;) {

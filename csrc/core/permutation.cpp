@@ -50,12 +50,21 @@ inline uint64_t network_backward(const Network& f, uint64_t x) {
   return (static_cast<uint64_t>(left) << f.right_bits) | right;
 }
 
-// out[i] = forward(first + i)
-__attribute__((always_inline)) inline void forward_range_body(const Network f, uint64_t first,
-                                                              int64_t count,
-                                                              int64_t* __restrict out) {
-  for (int64_t i = 0; i < count; ++i)
-    out[i] = static_cast<int64_t>(network_forward(f, first + static_cast<uint64_t>(i)));
+// Positions first, first + step, first + 2*step, ...: a rank's share of a step-based stream
+// (every world_size-th position) takes the same vector loop as a contiguous range.
+struct Contiguous {
+  uint64_t at(uint64_t first, int64_t i) const { return first + static_cast<uint64_t>(i); }
+};
+struct Strided {
+  uint64_t step;
+  uint64_t at(uint64_t first, int64_t i) const { return first + static_cast<uint64_t>(i) * step; }
+};
+
+// out[i] = forward(position i of the range from first)
+template <typename Range>
+__attribute__((always_inline)) inline void forward_range_body(const Network f, Range range, uint64_t first,
+                                                              int64_t count, int64_t* __restrict out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(network_forward(f, range.at(first, i)));
 }
 
 // values[i] = forward(values[i])
@@ -64,14 +73,81 @@ __attribute__((always_inline)) inline void forward_values_body(const Network f, 
   for (int64_t i = 0; i < count; ++i) values[i] = network_forward(f, values[i]);
 }
 
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) void forward_range_avx2(const Network& f, uint64_t first,
-                                                        int64_t count, int64_t* out) {
-  forward_range_body(f, first, count, out);
+// Values per vector pass (8 lanes of 32 bits with AVX2). Counts are rounded up to whole passes:
+// the vector loop's scalar tail costs several times a pass (a mixture's short runs of rows and
+// every cycle-walking pass end in one), and the extra lanes are computed on values nobody reads.
+constexpr int64_t kLanes = 8;
+constexpr int64_t kChunk = 256;  // a multiple of kLanes
+
+inline int64_t whole_passes(int64_t count) { return (count + kLanes - 1) / kLanes * kLanes; }
+
+// out[i] = P[first + i] for i < count: the network over the range, then cycle-walking of the
+// values outside [0, n). One body per instruction set, so that the key broadcasts happen once
+// per call rather than once per pass.
+template <typename Range>
+__attribute__((always_inline)) inline void fill_body(const Network f, Range range, uint64_t n, uint64_t first,
+                                                     int64_t count, int64_t* __restrict out) {
+  uint64_t values[kChunk];
+  int64_t where[kChunk];
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const int64_t len = count - begin < kChunk ? count - begin : kChunk;
+    int64_t* chunk = out + begin;
+    const uint64_t at = range.at(first, begin);
+    const int64_t whole = len / kLanes * kLanes;
+    forward_range_body(f, range, at, whole, chunk);
+    if (whole < len) {  // the last, partial pass into a scratch vector
+      int64_t tail[kLanes];
+      forward_range_body(f, range, range.at(at, whole), kLanes, tail);
+      for (int64_t i = whole; i < len; ++i) chunk[i] = tail[i - whole];
+    }
+    // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
+    // vectorised passes over a compacted list, each pass leaving fewer than half behind again,
+    // until one vector holds the rest.
+    // Branch-free compaction: whether a value is outside [0, n) is a coin flip for the branch
+    // predictor. A value still outside is written back too, and overwritten once it lands.
+    int64_t pending = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      values[pending] = static_cast<uint64_t>(chunk[i]);
+      where[pending] = i;
+      pending += static_cast<uint64_t>(chunk[i]) >= n;
+    }
+    while (pending > kLanes) {
+      const int64_t padded = whole_passes(pending);  // <= kChunk
+      for (int64_t j = pending; j < padded; ++j) values[j] = 0;
+      forward_values_body(f, padded, values);
+      int64_t still = 0;
+      for (int64_t j = 0; j < pending; ++j) {
+        chunk[where[j]] = static_cast<int64_t>(values[j]);
+        values[still] = values[j];
+        where[still] = where[j];
+        still += values[j] >= n;
+      }
+      pending = still;
+    }
+    if (pending > 0) {
+      // The last few values walk together in one vector, each lane stepping until it lands: no
+      // compaction and no loop of variable length per step (a mixture's short runs end here).
+      uint64_t v[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) v[j] = j < pending ? values[j] : 0;  // 0 < n: landed
+      for (;;) {
+        uint64_t outside = 0;
+        for (int64_t j = 0; j < kLanes; ++j) {
+          const uint64_t w = network_forward(f, v[j]);
+          v[j] = v[j] >= n ? w : v[j];
+          outside |= v[j] >= n;
+        }
+        if (!outside) break;
+      }
+      for (int64_t j = 0; j < pending; ++j) chunk[where[j]] = static_cast<int64_t>(v[j]);
+    }
+  }
 }
-__attribute__((target("avx2"))) void forward_values_avx2(const Network& f, int64_t count,
-                                                         uint64_t* values) {
-  forward_values_body(f, count, values);
+
+#if defined(__x86_64__)
+template <typename Range>
+__attribute__((target("avx2"))) void fill_avx2(const Network& f, Range range, uint64_t n, uint64_t first,
+                                               int64_t count, int64_t* out) {
+  fill_body(f, range, n, first, count, out);
 }
 bool cpu_has_avx2() {
   static const bool has = [] {
@@ -82,18 +158,12 @@ bool cpu_has_avx2() {
 }
 #endif
 
-void forward_range(const Network& f, uint64_t first, int64_t count, int64_t* out) {
+template <typename Range>
+void fill_any(const Network& f, Range range, uint64_t n, uint64_t first, int64_t count, int64_t* out) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2()) return forward_range_avx2(f, first, count, out);
+  if (cpu_has_avx2()) return fill_avx2(f, range, n, first, count, out);
 #endif
-  forward_range_body(f, first, count, out);
-}
-
-void forward_values(const Network& f, int64_t count, uint64_t* values) {
-#if defined(__x86_64__)
-  if (cpu_has_avx2()) return forward_values_avx2(f, count, values);
-#endif
-  forward_values_body(f, count, values);
+  fill_body(f, range, n, first, count, out);
 }
 }  // namespace
 
@@ -137,36 +207,11 @@ uint64_t Permutation::inverse(uint64_t value) const {
 }
 
 void Permutation::fill(uint64_t first, int64_t count, int64_t* out) const {
-  const Network f = network_of(right_bits_, left_mask_, right_mask_, keys_);
-  // 2^bits < 2n, so fewer than half the values land outside [0, n). Those are walked in
-  // vectorised passes over a compacted list, each pass leaving fewer than half behind again.
-  constexpr int64_t kChunk = 256;
-  uint64_t values[kChunk];
-  int64_t where[kChunk];
-  for (int64_t begin = 0; begin < count; begin += kChunk) {
-    const int64_t len = count - begin < kChunk ? count - begin : kChunk;
-    int64_t* chunk = out + begin;
-    forward_range(f, first + static_cast<uint64_t>(begin), len, chunk);
-    // Branch-free compaction: whether a value is outside [0, n) is a coin flip for the branch
-    // predictor. A value still outside is written back too, and overwritten once it lands.
-    int64_t pending = 0;
-    for (int64_t i = 0; i < len; ++i) {
-      values[pending] = static_cast<uint64_t>(chunk[i]);
-      where[pending] = i;
-      pending += static_cast<uint64_t>(chunk[i]) >= n_;
-    }
-    while (pending > 0) {
-      forward_values(f, pending, values);
-      int64_t still = 0;
-      for (int64_t j = 0; j < pending; ++j) {
-        chunk[where[j]] = static_cast<int64_t>(values[j]);
-        values[still] = values[j];
-        where[still] = where[j];
-        still += values[j] >= n_;
-      }
-      pending = still;
-    }
-  }
+  fill_any(network_of(right_bits_, left_mask_, right_mask_, keys_), Contiguous{}, n_, first, count, out);
+}
+
+void Permutation::fill_strided(uint64_t first, uint64_t step, int64_t count, int64_t* out) const {
+  fill_any(network_of(right_bits_, left_mask_, right_mask_, keys_), Strided{step}, n_, first, count, out);
 }
 
 }  // namespace fastload

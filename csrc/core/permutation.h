@@ -18,6 +18,8 @@ class Permutation {
   uint64_t inverse(uint64_t value) const;              // the position whose P is value
   // out[i] = P[first + i] for i < count: the batch-sized hot loop.
   void fill(uint64_t first, int64_t count, int64_t* out) const;
+  // out[i] = P[first + i * step] for i < count (positions < size()).
+  void fill_strided(uint64_t first, uint64_t step, int64_t count, int64_t* out) const;
 
   static constexpr int kRounds = 6;  // Network in permutation.cpp unrolls exactly these
 

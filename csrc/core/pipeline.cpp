@@ -153,7 +153,7 @@ bool Pipeline::worth_waking(const Output& o) const {
   return true;
 }
 
-void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>& scratch, Batch* batch) {
+void Pipeline::build(int output, int64_t step, int thread, WorkerScratch& scratch, Batch* batch) {
   if (step == fail_at_step_)
     throw std::runtime_error("injected failure (test hook) at batch " + std::to_string(step));
   const Output& o = *outputs_[output];
@@ -163,14 +163,16 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   batch->parts.resize(L.num_parts());
   for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[static_cast<size_t>(output)][p]->acquire();
   BatchRows out;
-  const size_t rows = static_cast<size_t>(L.max_rows);
-  out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : scratch.data();
+  out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : scratch.ids.data();
   out.valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;
   out.sources = L.with_source ? reinterpret_cast<int64_t*>(batch->parts[L.source_part]->data()) : nullptr;
+  out.cursor = scratch.cursors[static_cast<size_t>(output)].get();
   if (o.by_source) {
-    if (!out.sources) out.sources = scratch.data() + rows;
-    out.local_ids = scratch.data() + 2 * rows;
-    if (!L.with_index) out.ids = nullptr;  // the mixed source reads local ids: the ids go unread
+    // The mixed source reads each source's rows and local ids: the ids go unread unless they
+    // are a part of the batch, and the rows' sources unless the batch has a "source" part.
+    out.local_ids = scratch.local_ids.data();
+    out.source_rows = scratch.source_rows.data();
+    if (!L.with_index) out.ids = nullptr;
   }
   batch->rows = plan.fill(step, out);
   std::byte* parts[kMaxInlineParts];
@@ -193,21 +195,30 @@ void Pipeline::build(int output, int64_t step, int thread, std::vector<int64_t>&
   if (o.by_source) {
     request.source_of = out.sources;
     request.local_ids = out.local_ids;
+    request.source_rows = out.source_rows;
+    request.num_sources = plan.num_sources();
   }
   source_->fill(request);
 }
 
 void Pipeline::work(int thread) {
-  std::vector<int64_t> scratch;
+  WorkerScratch scratch;
   try {
-    // Ids, when they are not written into the batch itself; a mixture's sources and local ids.
-    bool by_source = false;
-    for (const auto& o : outputs_) by_source |= o->by_source;
-    scratch.resize(static_cast<size_t>(layout_->max_rows) * (by_source ? 3 : layout_->with_index ? 0 : 1));
+    const size_t rows = static_cast<size_t>(layout_->max_rows);
+    int sources = 0;  // a mixture's, for each source's first row
+    for (const auto& o : outputs_) {
+      if (o->by_source) sources = std::max(sources, o->plan->num_sources());
+      scratch.cursors.push_back(o->plan->cursor());
+    }
+    if (!layout_->with_index) scratch.ids.resize(rows);
+    if (sources > 0) {
+      scratch.local_ids.resize(rows);
+      scratch.source_rows.resize(static_cast<size_t>(sources) + 1);
+    }
   } catch (...) {
     // An exception escaping a pool thread would std::terminate the process: report it instead.
     std::lock_guard<std::mutex> lock(mutex_);
-    fail_locked("fastload collation thread could not allocate its id scratch", std::current_exception());
+    fail_locked("fastload collation thread could not allocate its scratch", std::current_exception());
     return;
   }
   std::unique_lock<std::mutex> lock(mutex_);

@@ -132,8 +132,14 @@ class Pipeline {
   int64_t ready_count_locked(const Output& o) const;  // under mutex_
   bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
-  // scratch: ids (unless the layout has an index part), then a mixture's sources and local ids.
-  void build(int output, int64_t step, int thread, std::vector<int64_t>& scratch, Batch* batch);
+  // One collation thread's own working memory: ids (unless the layout has an index part), a
+  // mixture's sources, local ids and each source's first row, and its cursor of every output's
+  // plan (BatchPlan::cursor; null where the plan keeps none).
+  struct WorkerScratch {
+    std::vector<int64_t> ids, sources, local_ids, source_rows;
+    std::vector<std::unique_ptr<PlanCursor>> cursors;
+  };
+  void build(int output, int64_t step, int thread, WorkerScratch& scratch, Batch* batch);
 
   std::shared_ptr<BatchSource> source_;
   std::shared_ptr<const BatchLayout> layout_;

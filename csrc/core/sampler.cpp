@@ -147,6 +147,17 @@ int64_t Ordering::operator()(int64_t position) const {
   return bs.block * block_size_ + static_cast<int64_t>(inner(bs.block)(bs.offset));
 }
 
+void Ordering::fill_strided(int64_t first, int64_t step, int64_t count, int64_t* out) const {
+  if (step == 1) return fill(first, count, out);
+  if (!by_segments_ && shuffle_ && order_ == Order::Random) {
+    perm_.fill_strided(static_cast<uint64_t>(first), static_cast<uint64_t>(step), count, out);
+  } else if (!by_segments_ && !shuffle_) {
+    for (int64_t i = 0; i < count; ++i) out[i] = first + i * step;
+  } else {
+    for (int64_t i = 0; i < count; ++i) out[i] = (*this)(first + i * step);
+  }
+}
+
 void Ordering::fill(int64_t first, int64_t count, int64_t* out) const {
   if (by_segments_) {
     segments_.fill(first, count, out);

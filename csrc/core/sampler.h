@@ -52,6 +52,8 @@ class Ordering {
   int64_t size() const { return n_; }
   int64_t operator()(int64_t position) const;
   void fill(int64_t first, int64_t count, int64_t* out) const;  // positions in [0, size())
+  // out[i] = (*this)(first + i * step): a rank's every world_size-th position of a stream.
+  void fill_strided(int64_t first, int64_t step, int64_t count, int64_t* out) const;
   // Partition::Shards: the rows of every rank's shards this epoch (empty otherwise).
   const std::vector<int64_t>& rank_rows() const { return rank_rows_; }
 

@@ -2,6 +2,7 @@
 #include "core/stream_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -12,13 +13,8 @@ constexpr uint64_t kSourceSeedSalt = 0x57e4a35000000000ULL;
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument(what); }
 
-// Per-source scratch of a batch lives on the stack up to this many sources (orderings: fewer,
-// each is a shared pointer to construct and destroy per batch).
+// Per-source scratch of a batch lives on the stack up to this many sources.
 constexpr size_t kInlineSources = 16;
-constexpr size_t kInlineOrderings = 4;
-
-// Positions a permutation fills per vector pass (8 lanes of 32 bits with AVX2).
-constexpr int64_t kFillVector = 8;
 
 // to[i] = from[i] + offset: the ids in the mixture from a source's own (vectorised: no aliasing).
 void add_offset(const int64_t* __restrict from, int64_t* __restrict to, int64_t count, int64_t offset) {
@@ -87,8 +83,18 @@ StreamPlan::StreamPlan(std::shared_ptr<const StreamConfig> config, int64_t first
       bad("source " + std::to_string(j) + "'s stream position would pass 2^62 by step " + std::to_string(end_));
   }
   extras_cache_.resize(kExtrasCache);
-  orderings_.assign(config_->sources.size(), std::vector<CachedOrdering>(kOrderingsPerSource));
-  orderings_next_.assign(config_->sources.size(), 0);
+  const size_t n = config_->sources.size();
+  orderings_.assign(n, std::vector<CachedOrdering>(kOrderingsPerSource));
+  orderings_next_.assign(n, 0);
+  blocks_.assign(n, std::vector<std::shared_ptr<const IdBlock>>(kBlocksPerSource));
+  blocks_next_.assign(n, 0);
+  block_ids_.assign(n, 0);
+  if (config_->replicas == 1)  // a rank of several reads every R-th position: a block would be mostly waste
+    for (int j = 0; j < num_sources(); ++j) {
+      const int64_t per_step = config_->schedule.base(j) + 1;
+      block_ids_[static_cast<size_t>(j)] =
+          std::clamp<int64_t>((kStepsPerBlock * per_step + 63) / 64 * 64, kMinBlock, kMaxBlock);
+    }
 }
 
 int64_t StreamPlan::rows(int64_t batch) const {
@@ -170,6 +176,32 @@ std::shared_ptr<const Ordering> StreamPlan::ordering(int source, int64_t epoch) 
   return built;
 }
 
+std::shared_ptr<const StreamPlan::IdBlock> StreamPlan::id_block(int source, int64_t epoch, int64_t within,
+                                                                const Ordering& order) const {
+  const size_t j = static_cast<size_t>(source);
+  const int64_t len = block_ids_[j], first = within / len * len;
+  auto find_locked = [&]() -> std::shared_ptr<const IdBlock> {
+    for (const auto& b : blocks_[j])
+      if (b && b->epoch == epoch && b->first == first) return b;
+    return nullptr;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto found = find_locked()) return found;
+  }
+  auto built = std::make_shared<IdBlock>();  // one permutation pass, unlocked
+  built->epoch = epoch;
+  built->first = first;
+  built->size = std::min(len, order.size() - first);
+  built->ids.reset(new int64_t[static_cast<size_t>(built->size)]);
+  order.fill(first, built->size, built->ids.get());
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto found = find_locked()) return found;  // another thread was first
+  blocks_[j][blocks_next_[j]] = built;
+  blocks_next_[j] = (blocks_next_[j] + 1) % kBlocksPerSource;
+  return built;
+}
+
 void StreamPlan::positions(int64_t step, int64_t* out) const {
   if (step < config_->origin || step > end_)
     throw std::out_of_range("step " + std::to_string(step) + " out of the stream's range [" +
@@ -199,84 +231,117 @@ void StreamPlan::add_source_rows(int64_t batch, int64_t* counts) const {
   }
 }
 
+// A thread's last schedule step with every source's extras up to it, and for each source the
+// epoch its last run fell in (the epoch's first stream position and its ordering, held here so
+// that a batch in the same epoch takes no lock and touches no shared reference count).
+class StreamPlan::Cursor final : public PlanCursor {
+ public:
+  struct Epoch {
+    int64_t number = 0;
+    int64_t first = 0;  // stream position of the epoch's first sample
+    std::shared_ptr<const Ordering> ordering;  // null: none yet
+    std::shared_ptr<const IdBlock> block;      // the ids it last copied (world size 1)
+  };
+  Cursor(const StreamPlan* plan, size_t sources) : PlanCursor(plan), extras(sources), epochs(sources) {}
+  int64_t local = -1;           // the schedule step `extras` is at (-1: none yet)
+  std::vector<int64_t> extras;  // E_j(local)
+  std::vector<Epoch> epochs;
+};
+
+std::unique_ptr<PlanCursor> StreamPlan::cursor() const {
+  return std::make_unique<Cursor>(this, config_->sources.size());
+}
+
+void StreamPlan::move_extras(Cursor& cur, int64_t local) const {
+  if (cur.local == local) return;
+  const int n = num_sources();
+  const MixSchedule& s = config_->schedule;
+  if (cur.local >= 0 && local >= cur.local - kMaxAdvance && local <= cur.local + kMaxAdvance) {
+    // Threads take nearby steps (a few apart): step from the last one, either way.
+    for (int64_t step = cur.local; step < local; ++step)
+      for (int j = 0; j < n; ++j) cur.extras[static_cast<size_t>(j)] += s.extra(j, step);
+    for (int64_t step = local; step < cur.local; ++step)
+      for (int j = 0; j < n; ++j) cur.extras[static_cast<size_t>(j)] -= s.extra(j, step);
+  } else {
+    extras_at(local, cur.extras.data());
+  }
+  cur.local = local;
+}
+
+void StreamPlan::fill_source(Cursor& cur, int j, int64_t first, int64_t lo, int64_t hi, const BatchRows& out) const {
+  const StreamConfig& c = *config_;
+  const StreamSource& src = c.sources[static_cast<size_t>(j)];
+  const int64_t N = src.order.num_samples, R = c.replicas;
+  Cursor::Epoch& e = cur.epochs[static_cast<size_t>(j)];
+  for (int64_t k = lo; k < hi;) {
+    // Rows k, k+1, ... hold stream positions p, p+R, ...: fill the run that stays in one epoch.
+    const int64_t p = first + (k - lo) * R;
+    if (!e.ordering || p < e.first || p - e.first >= N) {
+      e.number = p / N;
+      e.ordering = ordering(j, e.number);
+      e.first = e.number * N;
+    }
+    const int64_t within = p - e.first;
+    const int64_t run = std::min(hi - k, R == 1 ? N - within : (N - within + R - 1) / R);
+    // The source's own ids (into local_ids when asked), then the ids in the mixture.
+    int64_t* ids = out.ids ? out.ids + k : nullptr;
+    int64_t* own = out.local_ids ? out.local_ids + k : ids;
+    if (R == 1) {
+      for (int64_t done = 0; done < run;) {  // copied from the source's id blocks
+        const int64_t at = within + done;
+        const IdBlock* b = e.block.get();
+        if (!b || b->epoch != e.number || at < b->first || at - b->first >= b->size) {
+          e.block = id_block(j, e.number, at, *e.ordering);
+          b = e.block.get();
+        }
+        const int64_t n = std::min(run - done, b->first + b->size - at);
+        std::memcpy(own + done, b->ids.get() + (at - b->first), static_cast<size_t>(n) * sizeof(int64_t));
+        done += n;
+      }
+    } else {
+      e.ordering->fill_strided(within, R, run, own);  // this replica's every R-th position
+    }
+    if (!ids) {
+    } else if (own != ids) {
+      add_offset(own, ids, run, src.offset);
+    } else if (src.offset != 0) {
+      for (int64_t i = 0; i < run; ++i) ids[i] += src.offset;
+    }
+    if (out.sources) std::fill(out.sources + k, out.sources + k + run, static_cast<int64_t>(j));
+    if (out.valid) std::fill(out.valid + k, out.valid + k + run, true);
+    k += run;
+  }
+}
+
 int64_t StreamPlan::fill(int64_t batch, const BatchRows& out) const {
   rows(batch);  // range check
+  if (out.cursor && out.cursor->owner() == this)
+    return fill_with(batch, out, *static_cast<Cursor*>(out.cursor));
+  Cursor fresh(this, config_->sources.size());
+  return fill_with(batch, out, fresh);
+}
+
+int64_t StreamPlan::fill_with(int64_t batch, const BatchRows& out, Cursor& cur) const {
   const StreamConfig& c = *config_;
   const int n = num_sources();
-  const int64_t step = first_ + batch, local = step - c.origin;
+  const int64_t local = first_ + batch - c.origin;
   const int64_t R = c.replicas, r = c.rank;
-  // Per source: count in the step, start in the global batch, this replica's rows [lo, hi),
-  // stream position at the step, and the ordering of the epoch its first row falls in.
-  Scratch scratch(static_cast<size_t>(n));
-  int64_t* pos = scratch.data;
-  int64_t* start = pos + n;
-  int64_t* row_lo = start + n;  // this replica's rows [row_lo[j], row_lo[j + 1]) are source j's
-  c.schedule.counts(local, start);  // d_j, then turned into where each source starts in the step
-  int64_t at = 0;
+  move_extras(cur, local);
+  int64_t at = 0;  // where source j's samples start in the step
   for (int j = 0; j < n; ++j) {
-    const int64_t count = start[j];
-    start[j] = at;
-    int64_t hi;
-    rows_of(at, count, &row_lo[j], &hi);
+    const int64_t count = c.schedule.count(j, local);
+    int64_t lo, hi;
+    rows_of(at, count, &lo, &hi);
+    if (out.source_rows) out.source_rows[j] = lo;
+    if (lo < hi) {
+      // Source j's stream position at the step, then that of this replica's row lo.
+      const int64_t pos = c.base_positions[static_cast<size_t>(j)] + local * c.schedule.base(j) +
+                          cur.extras[static_cast<size_t>(j)];
+      fill_source(cur, j, pos + lo * R + r - at, lo, hi, out);
+    }
     at += count;
   }
-  std::shared_ptr<const Ordering> inline_orders[kInlineOrderings];
-  std::vector<std::shared_ptr<const Ordering>> many_orders;
-  std::shared_ptr<const Ordering>* orders = inline_orders;
-  if (static_cast<size_t>(n) > kInlineOrderings) {
-    many_orders.resize(static_cast<size_t>(n));
-    orders = many_orders.data();
-  }
-  bool have_extras;
-  {
-    // One lock per batch for both caches: collation threads take it for every batch they build.
-    std::lock_guard<std::mutex> lock(mutex_);
-    have_extras = cached_extras_locked(local, pos);
-    if (have_extras)
-      for (int j = 0; j < n; ++j) {
-        const int64_t lo = row_lo[j], hi = j + 1 < n ? row_lo[j + 1] : c.batch_size;
-        if (lo == hi) continue;
-        const int64_t p = c.base_positions[static_cast<size_t>(j)] + local * c.schedule.base(j) + pos[j] + lo * R + r -
-                          start[j];
-        orders[j] = cached_ordering_locked(j, p / c.sources[static_cast<size_t>(j)].order.num_samples);
-      }
-  }
-  if (!have_extras) extras_at(local, pos);
-  for (int j = 0; j < n; ++j) pos[j] += c.base_positions[static_cast<size_t>(j)] + local * c.schedule.base(j);
-  for (int j = 0; j < n; ++j) {
-    const int64_t lo = row_lo[j], hi = j + 1 < n ? row_lo[j + 1] : c.batch_size;
-    const StreamSource& src = c.sources[static_cast<size_t>(j)];
-    const int64_t N = src.order.num_samples;
-    for (int64_t k = lo; k < hi;) {
-      // Rows k, k+1, ... hold stream positions p, p+R, ...: fill the run that stays in one epoch.
-      const int64_t p = pos[j] + k * R + r - start[j];
-      const int64_t epoch = p / N, within = p % N;
-      const int64_t run = std::min(hi - k, (N - within + R - 1) / R);
-      std::shared_ptr<const Ordering> order =
-          k == lo && orders[j] ? std::move(orders[j]) : ordering(j, epoch);  // cached for the first run
-      // The source's own ids (into local_ids when asked), then the ids in the mixture.
-      int64_t* ids = out.ids ? out.ids + k : nullptr;
-      int64_t* own = out.local_ids ? out.local_ids + k : ids;
-      if (R == 1) {
-        // A run padded to whole vectors keeps the permutation's vector loop off its scalar tail
-        // (measured: a quarter of a mixture's extra instructions per batch). The padding lands
-        // in rows filled after this run (by a later run or source): only inside batch and epoch.
-        const int64_t padded = (run + kFillVector - 1) / kFillVector * kFillVector;
-        order->fill(within, padded <= N - within && k + padded <= c.batch_size ? padded : run, own);
-      } else {
-        for (int64_t i = 0; i < run; ++i) own[i] = (*order)(within + i * R);
-      }
-      if (!ids) {
-      } else if (own != ids) {
-        add_offset(own, ids, run, src.offset);
-      } else if (src.offset != 0) {
-        for (int64_t i = 0; i < run; ++i) ids[i] += src.offset;
-      }
-      if (out.sources) std::fill(out.sources + k, out.sources + k + run, static_cast<int64_t>(j));
-      if (out.valid) std::fill(out.valid + k, out.valid + k + run, true);
-      k += run;
-    }
-  }
+  if (out.source_rows) out.source_rows[n] = c.batch_size;
   return c.batch_size;
 }
 

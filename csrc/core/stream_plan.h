@@ -66,6 +66,9 @@ class StreamPlan final : public BatchPlan {
   int num_sources() const override { return static_cast<int>(config_->sources.size()); }
   bool fills_sources() const override { return true; }
   void add_source_rows(int64_t batch, int64_t* counts) const override;
+  // A thread's cursor keeps its last step's extras and each source's current epoch: its next
+  // batch advances them in O(sources * steps apart), with no lock and no shared reference count.
+  std::unique_ptr<PlanCursor> cursor() const override;
 
   int64_t first_step() const { return first_; }
   int64_t end_step() const { return end_; }
@@ -76,6 +79,7 @@ class StreamPlan final : public BatchPlan {
   void step_counts(int64_t step, int64_t* out) const;
 
  private:
+  class Cursor;  // stream_plan.cpp
   struct Extras {
     int64_t step = -1;         // schedule step (global step - origin)
     std::vector<int64_t> sum;  // E_j(step) of every source
@@ -84,6 +88,14 @@ class StreamPlan final : public BatchPlan {
     int64_t epoch = -1;
     std::shared_ptr<const Ordering> ordering;
   };
+  // A source's ids at consecutive positions of one of its epochs (world size 1): computed once,
+  // in one long permutation pass, and copied into the batches of every thread.
+  struct IdBlock {
+    int64_t epoch = 0;
+    int64_t first = 0;  // the epoch position of ids[0]
+    int64_t size = 0;
+    std::unique_ptr<int64_t[]> ids;  // not zeroed first: every id is written once
+  };
   void extras_at(int64_t local_step, int64_t* out) const;
   // Under mutex_: E_j at local_step from the cache (advanced, stored), or false if no cached step
   // is near enough (then the caller computes it with floor sums, unlocked, and stores it).
@@ -91,22 +103,39 @@ class StreamPlan final : public BatchPlan {
   void store_extras_locked(int64_t local_step, const int64_t* sums) const;
   std::shared_ptr<const Ordering> cached_ordering_locked(int source, int64_t epoch) const;
   std::shared_ptr<const Ordering> ordering(int source, int64_t epoch) const;
+  // The block of source j's epoch `epoch` holding position `within`: from the shared ring, or
+  // computed with `order` (unlocked) and stored there.
+  std::shared_ptr<const IdBlock> id_block(int source, int64_t epoch, int64_t within, const Ordering& order) const;
   // Rows [*lo, *hi) of this replica's batch come from the step's positions [start, start + count).
   void rows_of(int64_t start, int64_t count, int64_t* lo, int64_t* hi) const;
+  // The cursor's extras moved to schedule step `local` (stepped from its last step when near).
+  void move_extras(Cursor& cursor, int64_t local) const;
+  // Source j's rows [lo, hi) of a batch whose stream positions start at `first` (row lo's).
+  void fill_source(Cursor& cursor, int j, int64_t first, int64_t lo, int64_t hi, const BatchRows& out) const;
+  int64_t fill_with(int64_t batch, const BatchRows& out, Cursor& cursor) const;
 
   std::shared_ptr<const StreamConfig> config_;
   int64_t first_, end_, epoch_;
-  // Collation threads build nearby steps: E_j at a recent step advances in O(sources) per step
-  // instead of two O(log M) floor sums per source. Orderings are built once per (source, epoch)
-  // (O(shards) for a shard-aware order). Both caches are small and guarded by mutex_.
+  // What a cursor does not have yet (a thread's first batch, a far jump, a source's new epoch or
+  // id block) comes from these caches, shared by the threads: E_j at a recent step advances in
+  // O(sources) per step instead of two O(log M) floor sums per source, orderings are built once
+  // per (source, epoch) (O(shards) for a shard-aware order), and at world size 1 a source's ids
+  // come in blocks of about 16 steps' share, so that a batch copies each source's run instead of
+  // computing it (a short run of a permutation costs several times its share of a long one). All
+  // are small (a block is at most kMaxBlock ids) and guarded by mutex_.
   static constexpr size_t kExtrasCache = 8;
   static constexpr int64_t kMaxAdvance = 256;
   static constexpr size_t kOrderingsPerSource = 4;
+  static constexpr size_t kBlocksPerSource = 4;
+  static constexpr int64_t kStepsPerBlock = 16, kMinBlock = 64, kMaxBlock = 4096;
+  std::vector<int64_t> block_ids_;  // per source: ids in a block (0: no blocks, world size > 1)
   mutable std::mutex mutex_;
   mutable std::vector<Extras> extras_cache_;
   mutable size_t extras_next_ = 0;
   mutable std::vector<std::vector<CachedOrdering>> orderings_;  // per source, kOrderingsPerSource
   mutable std::vector<size_t> orderings_next_;
+  mutable std::vector<std::vector<std::shared_ptr<const IdBlock>>> blocks_;  // per source, kBlocksPerSource
+  mutable std::vector<size_t> blocks_next_;
 };
 
 }  // namespace fastload

@@ -482,6 +482,65 @@ TEST_CASE(permutation_is_a_bijection_with_inverse_and_fill) {
   }
 }
 
+TEST_CASE(permutation_fill_of_short_ranges_matches_and_writes_only_its_range) {
+  // Short counts end in a partial vector pass (computed aside) and cycle-walk in passes padded
+  // to whole vectors: every count from 0 to 40 at random offsets, sizes that walk and that don't.
+  std::mt19937_64 rng(77);
+  for (uint64_t n : {uint64_t{1}, uint64_t{9}, uint64_t{100}, uint64_t{129}, uint64_t{4096}, uint64_t{5000},
+                     uint64_t{262143}, uint64_t{175781}}) {
+    const Permutation p(n, rng(), 5);
+    for (int64_t count = 0; count <= 40; ++count) {
+      if (static_cast<uint64_t>(count) > n) break;
+      const uint64_t first = rng() % (n - static_cast<uint64_t>(count) + 1);
+      std::vector<int64_t> out(static_cast<size_t>(count) + 8, -7);
+      p.fill(first, count, out.data());
+      bool ok = true;
+      for (int64_t i = 0; i < count; ++i) ok &= static_cast<uint64_t>(out[static_cast<size_t>(i)]) == p(first + i);
+      for (size_t i = static_cast<size_t>(count); i < out.size(); ++i) ok &= out[i] == -7;
+      CHECK_MSG(ok, "n=" << n << " first=" << first << " count=" << count);
+    }
+  }
+}
+
+TEST_CASE(permutation_and_ordering_fill_strided_match_position_by_position) {
+  // Every step-th position (a rank's share of a stream) through the vector loop: the values of
+  // operator() at those positions, for permutations that walk and orders of every kind.
+  std::mt19937_64 rng(78);
+  for (uint64_t n : {uint64_t{1}, uint64_t{37}, uint64_t{1000}, uint64_t{4096}, uint64_t{175781}}) {
+    const Permutation p(n, rng(), 9);
+    for (int it = 0; it < 40; ++it) {
+      const uint64_t step = 1 + rng() % 9;
+      const int64_t count = static_cast<int64_t>(std::min<uint64_t>(rng() % 300, (n - 1) / step + 1));
+      const uint64_t last = static_cast<uint64_t>(count > 0 ? count - 1 : 0) * step;
+      const uint64_t first = rng() % (n - last);
+      std::vector<int64_t> out(static_cast<size_t>(count) + 8, -7);
+      p.fill_strided(first, step, count, out.data());
+      bool ok = true;
+      for (int64_t i = 0; i < count; ++i)
+        ok &= static_cast<uint64_t>(out[static_cast<size_t>(i)]) == p(first + static_cast<uint64_t>(i) * step);
+      for (size_t i = static_cast<size_t>(count); i < out.size(); ++i) ok &= out[i] == -7;
+      CHECK_MSG(ok, "n=" << n << " first=" << first << " step=" << step << " count=" << count);
+    }
+  }
+  for (int mode = 0; mode < 4; ++mode) {
+    SamplerConfig cfg;
+    cfg.num_samples = 5003;
+    cfg.seed = 4;
+    cfg.shuffle = mode != 0;
+    cfg.order = mode >= 2 ? Order::Block : Order::Random;
+    cfg.block_size = 64;
+    if (mode == 3) cfg.shard_rows = {1000, 3, 2000, 2000};
+    const Ordering o(cfg, 2);
+    for (int64_t step : {1, 2, 3, 8}) {
+      std::vector<int64_t> out(600);
+      o.fill_strided(17, step, 600, out.data());
+      bool ok = true;
+      for (int64_t i = 0; i < 600; ++i) ok &= out[static_cast<size_t>(i)] == o(17 + i * step);
+      CHECK_MSG(ok, "mode " << mode << " step " << step);
+    }
+  }
+}
+
 TEST_CASE(permutation_depends_on_seed_and_stream) {
   const uint64_t n = 1000;
   std::set<std::vector<uint64_t>> distinct;

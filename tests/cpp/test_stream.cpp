@@ -277,6 +277,122 @@ TEST_CASE(stream_plan_matches_the_brute_force_stream) {
   }
 }
 
+namespace {
+// Everything a stream plan writes for one batch.
+struct Filled {
+  std::vector<int64_t> ids, sources, local_ids, source_rows;
+  bool operator==(const Filled& o) const {
+    return ids == o.ids && sources == o.sources && local_ids == o.local_ids && source_rows == o.source_rows;
+  }
+};
+
+Filled fill_all(const StreamPlan& plan, int64_t k, PlanCursor* cursor) {
+  const size_t b = static_cast<size_t>(plan.max_batch_rows());
+  Filled f{std::vector<int64_t>(b, -1), std::vector<int64_t>(b, -1), std::vector<int64_t>(b, -1),
+           std::vector<int64_t>(static_cast<size_t>(plan.num_sources()) + 1, -1)};
+  BatchRows rows;
+  rows.ids = f.ids.data();
+  rows.sources = f.sources.data();
+  rows.local_ids = f.local_ids.data();
+  rows.source_rows = f.source_rows.data();
+  rows.cursor = cursor;
+  plan.fill(k, rows);
+  return f;
+}
+}  // namespace
+
+TEST_CASE(stream_plan_cursor_gives_the_rows_of_a_fresh_fill) {
+  // A thread's cursor steps its extras forward and back from its last batch and keeps each
+  // source's epoch: batches near each other, far apart (past the cursor's reach), and across
+  // source epochs (sources of a few samples) must be the rows a fill without a cursor gives, and
+  // those of the brute-force stream. A cursor of another plan is not read.
+  std::mt19937_64 rng(31);
+  for (int it = 0; it < 60; ++it) {
+    const int64_t replicas = 1 + static_cast<int64_t>(rng() % 3);
+    const StreamCase sc = random_stream(rng, 1 + static_cast<int>(rng() % 4), 1 + static_cast<int64_t>(rng() % 12),
+                                        replicas, static_cast<int64_t>(rng() % 3), it % 2 ? 7 : 0);
+    const int64_t first = sc.config->origin + static_cast<int64_t>(rng() % 5), batches = 1200;
+    const StreamPlan plan(sc.config, first, first + batches, 0);
+    const StreamPlan other(sc.config, first, first + batches, 0);
+    std::unique_ptr<PlanCursor> cursor = plan.cursor(), foreign = other.cursor();
+    CHECK(cursor != nullptr && cursor->owner() == &plan);
+    int64_t k = static_cast<int64_t>(rng() % batches);
+    for (int n = 0; n < 150; ++n) {
+      const Filled want = fill_all(plan, k, nullptr);
+      CHECK_MSG(fill_all(plan, k, cursor.get()) == want, "iteration " << it << " batch " << k);
+      if (n % 10 == 0) {
+        CHECK(fill_all(plan, k, foreign.get()) == want);
+        std::vector<int64_t> brute_ids, brute_src;
+        brute_batch(*sc.config, first + k, &brute_ids, &brute_src);
+        CHECK(want.ids == brute_ids && want.sources == brute_src);
+        for (size_t j = 0; j + 1 < want.source_rows.size(); ++j)
+          for (int64_t row = want.source_rows[j]; row < want.source_rows[j + 1]; ++row)
+            CHECK(want.sources[static_cast<size_t>(row)] == static_cast<int64_t>(j) &&
+                  want.ids[static_cast<size_t>(row)] ==
+                      want.local_ids[static_cast<size_t>(row)] + sc.config->sources[j].offset);
+        CHECK(want.source_rows.front() == 0 && want.source_rows.back() == sc.config->batch_size);
+      }
+      const int64_t move = rng() % 8 == 0 ? static_cast<int64_t>(rng() % batches) - k  // far (or anywhere)
+                                          : static_cast<int64_t>(rng() % 11) - 5;     // near, either way
+      k = std::clamp<int64_t>(k + move, 0, batches - 1);
+    }
+  }
+}
+
+TEST_CASE(stream_plan_id_blocks_across_block_and_epoch_ends) {
+  // At world size 1 a source's ids are copied from blocks of consecutive positions shared by the
+  // threads: sources longer than a block (runs that cross block ends and epoch ends), several
+  // threads with their own cursors filling batches in any order, a plan of many blocks per
+  // source (the shared ring evicts): every batch is the brute-force stream's.
+  std::mt19937_64 rng(52);
+  for (int it = 0; it < 6; ++it) {
+    auto c = std::make_shared<StreamConfig>();
+    const int64_t lengths[3] = {300 + static_cast<int64_t>(rng() % 700), 1000 + static_cast<int64_t>(rng() % 300),
+                                70 + static_cast<int64_t>(rng() % 50)};
+    int64_t offset = 0;
+    for (int j = 0; j < 3; ++j) {
+      StreamSource src;
+      src.order.num_samples = lengths[j];
+      src.order.seed = stream_source_seed(5, j, 3);
+      src.order.shuffle = true;
+      src.order.order = it % 3 == 2 ? Order::Block : Order::Random;
+      src.order.block_size = 16;
+      src.offset = offset;
+      offset += lengths[j];
+      c->sources.push_back(src);
+      c->base_positions.push_back(static_cast<int64_t>(rng() % 2000));
+    }
+    const Quotas q = random_quotas(rng, 3, 12);
+    c->schedule = MixSchedule(q.g, q.base, q.shares, rng() % M);
+    c->batch_size = q.g;
+    c->seed = 5;
+    const int64_t steps = 300;
+    const auto plan = std::make_shared<StreamPlan>(c, 0, steps, 0);
+    std::vector<Filled> want;
+    for (int64_t k = 0; k < steps; ++k) {
+      want.push_back(fill_all(*plan, k, nullptr));
+      std::vector<int64_t> brute_ids, brute_src;
+      brute_batch(*c, k, &brute_ids, &brute_src);
+      CHECK_MSG(want.back().ids == brute_ids && want.back().sources == brute_src, "iteration " << it << " step " << k);
+    }
+    std::atomic<int64_t> next{0};
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        std::unique_ptr<PlanCursor> cursor = plan->cursor();
+        std::mt19937_64 local(static_cast<uint64_t>(t));
+        for (int64_t n; (n = next.fetch_add(1)) < 2 * steps;) {
+          // Mostly in order, as collation threads claim steps; sometimes anywhere.
+          const int64_t k = local() % 5 == 0 ? static_cast<int64_t>(local() % steps) : n % steps;
+          if (!(fill_all(*plan, k, cursor.get()) == want[static_cast<size_t>(k)])) wrong.fetch_add(1);
+        }
+      });
+    for (auto& t : threads) t.join();
+    CHECK_MSG(wrong.load() == 0, "iteration " << it << ": " << wrong.load() << " wrong batches");
+  }
+}
+
 TEST_CASE(stream_plan_positions_far_away_match_the_schedule) {
   std::mt19937_64 rng(8);
   const StreamCase sc = random_stream(rng, 3, 16, 2, 1, 5);
@@ -482,6 +598,120 @@ TEST_CASE(mix_source_fills_each_run_from_its_child) {
   r.count = 1;
   r.parts = parts;
   CHECK_THROWS(mix.fill(r), std::out_of_range, "out of the mixture's range");
+}
+
+TEST_CASE(mix_source_fills_runs_from_where_each_source_starts) {
+  // The plan's split as where each source's rows start (FillRequest::source_rows) fills what the
+  // ids alone fill; rows that do not cover the batch in source order, or another number of
+  // sources, are refused.
+  std::vector<std::vector<int64_t>> a(3);
+  std::vector<std::shared_ptr<BatchSource>> children;
+  const int64_t sizes[3] = {5, 1, 7}, offsets[3] = {0, 5, 6};
+  for (int j = 0; j < 3; ++j) {
+    for (int64_t i = 0; i < sizes[j]; ++i) a[j].push_back(1000 * j + i);
+    children.push_back(std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("a", a[j])}));
+  }
+  // Strided children are read straight from their columns; with a sharded child every run is
+  // its child's own fill: both must fill what the ids fill.
+  std::vector<int64_t> first_rows(a[2].begin(), a[2].begin() + 3), last_rows(a[2].begin() + 3, a[2].end());
+  ArrayColumn sharded = int64_column("a", a[2]);
+  set_shards(sharded, {Shard{reinterpret_cast<const std::byte*>(first_rows.data()), 3, 8},
+                       Shard{reinterpret_cast<const std::byte*>(last_rows.data()), 4, 8}});
+  auto mixed_children = children;
+  mixed_children[2] = std::make_shared<ArraySource>(std::vector<ArrayColumn>{sharded});
+  for (const auto& kids : {children, mixed_children}) {
+    MixSource mix(kids);
+    std::mt19937_64 rng(3);
+    for (int it = 0; it < 200; ++it) {
+      std::vector<int64_t> starts{0}, local, ids, values;
+      for (int j = 0; j < 3; ++j) {
+        const int64_t rows = static_cast<int64_t>(rng() % 6);  // some sources have no rows
+        for (int64_t i = 0; i < rows; ++i) {
+          local.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(sizes[j])));
+          ids.push_back(offsets[j] + local.back());
+          values.push_back(1000 * j + local.back());
+        }
+        starts.push_back(starts.back() + rows);
+      }
+      const int64_t count = starts.back();
+      std::vector<int64_t> want(static_cast<size_t>(count) + 1, 7), got(want.size(), 7);
+      std::byte* want_parts[1] = {reinterpret_cast<std::byte*>(want.data())};
+      std::byte* got_parts[1] = {reinterpret_cast<std::byte*>(got.data())};
+      FillRequest r;
+      r.ids = ids.data();
+      r.count = count;
+      r.parts = want_parts;
+      mix.fill(r);
+      FillRequest g;
+      g.count = count;
+      g.parts = got_parts;
+      g.local_ids = local.data();
+      g.source_rows = starts.data();
+      g.num_sources = 3;
+      mix.fill(g);
+      CHECK_MSG(got == want, "iteration " << it);
+      CHECK(std::equal(values.begin(), values.end(), got.begin()) && got.back() == 7);
+    }
+  }
+  MixSource mix(children);
+  std::vector<int64_t> local{0, 0, 0}, sink(3);
+  std::byte* parts[1] = {reinterpret_cast<std::byte*>(sink.data())};
+  FillRequest r;
+  r.count = 3;
+  r.parts = parts;
+  r.local_ids = local.data();
+  r.num_sources = 3;
+  const int64_t gap[4] = {0, 1, 1, 2}, backwards[4] = {0, 2, 1, 3}, past[4] = {0, 1, 2, 4};
+  r.source_rows = gap;
+  CHECK_THROWS(mix.fill(r), std::logic_error, "do not cover the batch");
+  r.source_rows = backwards;
+  CHECK_THROWS(mix.fill(r), std::logic_error, "rows of mixture source 1");
+  r.source_rows = past;
+  CHECK_THROWS(mix.fill(r), std::logic_error, "rows of mixture source 2");
+  const int64_t fine[4] = {0, 1, 2, 3};
+  r.source_rows = fine;
+  r.num_sources = 2;
+  CHECK_THROWS(mix.fill(r), std::logic_error, "a plan of 2 sources");
+}
+
+TEST_CASE(engine_fills_a_mixed_source_from_the_plans_runs) {
+  // An engine over a MixSource with neither an index nor a source part: the plan hands the
+  // mixed source its runs and local ids only (the ids are never computed). Every batch, built
+  // by several threads with their own cursors, holds the rows of the plan's ids.
+  std::mt19937_64 rng(41);
+  const StreamCase sc = random_stream(rng, 3, 8, 1, 0);
+  std::vector<std::vector<int64_t>> values(3);
+  std::vector<std::shared_ptr<BatchSource>> children;
+  for (size_t j = 0; j < 3; ++j) {
+    for (int64_t i = 0; i < sc.lengths[j]; ++i) values[j].push_back(sc.config->sources[j].offset + i);
+    children.push_back(std::make_shared<ArraySource>(std::vector<ArrayColumn>{int64_column("v", values[j])}));
+  }
+  EngineOptions o;
+  o.num_threads = 3;
+  o.prefetch = 4;
+  o.batch_size = sc.config->batch_size;
+  Engine e(std::make_shared<MixSource>(children), o);
+  const int64_t steps = 400;
+  auto plan = std::make_shared<StreamPlan>(sc.config, 2, 2 + steps, 0);
+  std::vector<OutputSpec> outputs;
+  outputs.emplace_back(plan, false);
+  auto p = e.start(std::move(outputs));
+  for (int64_t k = 0; k < steps; ++k) {
+    Batch b;
+    NextStatus s;
+    while ((s = p->next(0, std::chrono::milliseconds(20), &b)) == NextStatus::Timeout) {
+    }
+    CHECK(s == NextStatus::Ok);
+    if (s != NextStatus::Ok) return;
+    std::vector<int64_t> ids(static_cast<size_t>(o.batch_size));
+    BatchRows rows;
+    rows.ids = ids.data();
+    plan->fill(k, rows);
+    const auto* v = reinterpret_cast<const int64_t*>(b.parts[0]->data());
+    CHECK(b.rows == o.batch_size && b.parts.size() == 1);
+    for (size_t i = 0; i < ids.size(); ++i) CHECK_MSG(v[i] == ids[i], "batch " << k << " row " << i);
+  }
+  e.close();
 }
 
 TEST_CASE(mix_source_refuses_children_of_another_schema) {
