@@ -35,6 +35,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_loader import _pid_seconds  # noqa: E402 - CPU seconds of one process
+
 DATA = HERE / "data"
 WORKERS = 2
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -362,15 +365,6 @@ def process_tree() -> list[int]:
     return out
 
 
-def _cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def _gone(pid: int) -> bool:
     """Exited (or a zombie), or multiprocessing's resource tracker: started by the first spawn,
     it stays until exit by design and belongs to no alternative."""
@@ -400,7 +394,7 @@ class TreeMeter:
     def __init__(self) -> None:
         self.pids = process_tree()
         self.wall = time.perf_counter()
-        self.own = time.process_time() + sum(_cpu_s(p) for p in self.pids if p != os.getpid())
+        self.own = time.process_time() + sum(_pid_seconds(p) for p in self.pids if p != os.getpid())
         self.busy = _machine_busy_ticks()
         self.peak = 0
         self._stop = threading.Event()
@@ -415,7 +409,7 @@ class TreeMeter:
 
     def stop(self) -> dict:
         wall = time.perf_counter() - self.wall
-        own = time.process_time() + sum(_cpu_s(p) for p in self.pids if p != os.getpid()) - self.own
+        own = time.process_time() + sum(_pid_seconds(p) for p in self.pids if p != os.getpid()) - self.own
         machine = (_machine_busy_ticks() - self.busy) / TICK
         self._stop.set()
         self._thread.join()

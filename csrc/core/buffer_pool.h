@@ -48,6 +48,14 @@ struct BufferPoolCounts {
   int64_t with_user = 0;    // handed out and still referenced
   int64_t live() const { return free + with_loader + with_user; }
   int64_t loader_held() const { return free + with_loader; }
+  BufferPoolCounts& operator+=(const BufferPoolCounts& o) {  // sums over pools
+    allocations += o.allocations;
+    frees += o.frees;
+    free += o.free;
+    with_loader += o.with_loader;
+    with_user += o.with_user;
+    return *this;
+  }
 };
 
 class BufferPool : public std::enable_shared_from_this<BufferPool> {

@@ -140,26 +140,14 @@ BufferPoolCounts Engine::host_counts(bool page_locked) const {
   BufferPoolCounts sum;
   for (const PoolSet& set : sets_) {
     if (set.allocator->page_locked() != page_locked) continue;
-    for (const auto& pool : set.pools) {
-      const BufferPoolCounts c = pool->counts();
-      sum.allocations += c.allocations;
-      sum.frees += c.frees;
-      sum.free += c.free;
-      sum.with_loader += c.with_loader;
-      sum.with_user += c.with_user;
-    }
+    for (const auto& pool : set.pools) sum += pool->counts();
   }
   return sum;
 }
 
 BufferPoolCounts Engine::host_counts() const {
   BufferPoolCounts sum = host_counts(false);
-  const BufferPoolCounts locked = host_counts(true);
-  sum.allocations += locked.allocations;
-  sum.frees += locked.frees;
-  sum.free += locked.free;
-  sum.with_loader += locked.with_loader;
-  sum.with_user += locked.with_user;
+  sum += host_counts(true);
   return sum;
 }
 

@@ -194,6 +194,20 @@ void fill_pad(std::byte* p, int64_t bytes, const std::vector<std::byte>& pad) {
   for (int64_t k = 0; k < bytes; k += static_cast<int64_t>(n)) std::memcpy(p + k, pad.data(), n);
 }
 
+// The last pass of a ragged block (eager or lazy shards): each row's items into its slot, the
+// rest of the slot padded, its length written. dst and lengths point at the block's first row.
+void copy_padded_rows(const ArrayColumn& col, const std::byte* const* src, const int64_t* items, int64_t n,
+                      std::byte* dst, int64_t* lengths) {
+  const int64_t item = col.item_bytes, slot = col.row_bytes;
+  for (int64_t i = 0; i < n; ++i) {
+    std::byte* out = dst + i * slot;
+    const int64_t bytes = items[i] * item;
+    if (bytes) std::memcpy(out, src[i], static_cast<size_t>(bytes));
+    fill_pad(out + bytes, slot - bytes, col.pad);
+    lengths[i] = items[i];
+  }
+}
+
 // Lazily mapped shards (set_lazy_shards). A block's distinct files are pinned together (one
 // lock of the cache for the block, not one per row), copied from, and unpinned: a thread pins at
 // most one block of one column at a time (kBlock files, twice that for a ragged column).
@@ -301,13 +315,7 @@ void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t coun
       src[i] = values[i] + first * item;
       prefetch_row(src[i], items[i] * item);
     }
-    for (int64_t i = 0; i < n; ++i) {
-      std::byte* out = dst + (b + i) * slot;
-      const int64_t bytes = items[i] * item;
-      if (bytes) std::memcpy(out, src[i], static_cast<size_t>(bytes));
-      fill_pad(out + bytes, slot - bytes, col.pad);
-      lengths[b + i] = items[i];
-    }
+    copy_padded_rows(col, src, items, n, dst + b * slot, lengths + b);
     pins.release();
   }
 }
@@ -482,13 +490,7 @@ void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, st
       src[i] = sh.base + first * item;
       prefetch_row(src[i], items[i] * item);
     }
-    for (int64_t i = 0; i < n; ++i) {
-      std::byte* out = dst + (b + i) * slot;
-      const int64_t bytes = items[i] * item;
-      if (bytes) std::memcpy(out, src[i], static_cast<size_t>(bytes));
-      fill_pad(out + bytes, slot - bytes, col.pad);
-      lengths[b + i] = items[i];
-    }
+    copy_padded_rows(col, src, items, n, dst + b * slot, lengths + b);
   }
 }
 

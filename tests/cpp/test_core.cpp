@@ -1827,14 +1827,7 @@ struct OwnPipeline {
   }
   BufferPoolCounts counts() const {
     BufferPoolCounts sum;
-    for (const auto& pool : pools) {
-      const BufferPoolCounts c = pool->counts();
-      sum.allocations += c.allocations;
-      sum.frees += c.frees;
-      sum.free += c.free;
-      sum.with_loader += c.with_loader;
-      sum.with_user += c.with_user;
-    }
+    for (const auto& pool : pools) sum += pool->counts();
     return sum;
   }
   int64_t parts() const { return static_cast<int64_t>(layout->num_parts()); }
