@@ -1102,7 +1102,7 @@ TEST_CASE(transfer_out_of_memory_waits_then_says_why) {
     {
       Setting cap("total_memory", fake().stat("device_bytes") + 3 * batch_bytes);
       L.start({EpochPlan(make_cfg(src.n, 20, 1, 0, true), 0, 0)});
-      const EpochPlan& plan = L.pipeline->plan(0);
+      const BatchPlan& plan = L.pipeline->plan(0);
       std::vector<cuda::DeviceBatch> kept;
       int64_t step = 0;
       for (;;) {
