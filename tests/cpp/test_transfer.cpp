@@ -383,6 +383,22 @@ int64_t consume_all(GpuLoader& L, int d, api::CUstream stream, std::vector<int64
   return step;
 }
 
+// Page-locked memory that runs out for good after `n` allocations.
+class ExhaustedAfter final : public HostAllocator {
+ public:
+  ExhaustedAfter(std::shared_ptr<HostAllocator> pinned, int n) : pinned_(std::move(pinned)), left_(n) {}
+  void* allocate(size_t n) override {
+    if (left_.fetch_sub(1) <= 0) throw std::bad_alloc();
+    return pinned_->allocate(n);
+  }
+  void deallocate(void* p, size_t n) noexcept override { pinned_->deallocate(p, n); }
+  bool page_locked() const override { return true; }
+
+ private:
+  std::shared_ptr<HostAllocator> pinned_;
+  std::atomic<int> left_;
+};
+
 bool exactly_once(std::vector<int64_t> ids, int64_t n) {
   if (static_cast<int64_t>(ids.size()) != n) return false;
   std::sort(ids.begin(), ids.end());
@@ -415,13 +431,15 @@ TEST_CASE(transfer_values_order_and_bounded_memory_for_every_stream_count) {
           CHECK_MSG(exactly_once(ids, src.n), "streams " << streams << " prefetch " << prefetch);
           // Pinned host slots: the window and the copies in flight, allocated once.
           const BufferPoolCounts hc = L.engine->host_counts();
-          CHECK_MSG(hc.allocations <= L.keep() * parts && hc.frees == 0 && hc.with_user == 0,
+          // Reserved up front (exactly what the pools keep), none more in either epoch.
+          CHECK_MSG(hc.allocations == L.keep() * parts && hc.frees == 0 && hc.with_user == 0,
                     "streams " << streams << " prefetch " << prefetch << ": allocations " << hc.allocations
                                << " frees " << hc.frees << " keep " << L.keep());
           CHECK(fake().stat("pinned_allocations") == hc.live());
-          // Device buffers: the window's batches and the one the consumer is reading.
+          // Device buffers: the window's batches, the one the consumer reads and the one it still
+          // holds meanwhile (TransferEngine::keep), reserved before the first copy; none more.
           const cuda::TransferCounts tc = L.transfers[0]->counts();
-          CHECK_MSG(tc.device_allocations <= (prefetch + 1) * parts,
+          CHECK_MSG(tc.device_allocations == (prefetch + 2) * parts,
                     "streams " << streams << " prefetch " << prefetch << ": " << tc.device_allocations
                                << " device allocations");
           CHECK(tc.batches == batches);
@@ -517,7 +535,7 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
       CHECK_MSG(same, "step " << s << " read back wrong");
     }
     const int64_t parts = static_cast<int64_t>(layout.num_parts());
-    CHECK_MSG(L.transfers[0]->counts().device_allocations <= 2 * parts,
+    CHECK_MSG(L.transfers[0]->counts().device_allocations == 3 * parts,  // keep(): prefetch + 2
               L.transfers[0]->counts().device_allocations << " device allocations for " << nb << " batches");
     staging_memory.deallocate(staging, stride * static_cast<size_t>(nb));
     L.close();
@@ -728,17 +746,16 @@ TEST_CASE(transfer_errors_surface_from_next) {
     CHECK_NO_MISUSE();
   }
   check_all_released("after a collation failure");
-  // Page-locked memory exhausted: a collation thread's cuMemHostAlloc fails, and the consumer
-  // gets a CollationError whose original exception is still the std::bad_alloc. (The third
-  // allocation is always a pinned one: no batch reaches the transfer thread before its five
-  // pinned parts exist.)
+  // Page-locked memory exhausted: the epoch start reserves what it can (two slots), then a
+  // collation thread's allocation fails, and the consumer gets a CollationError whose original
+  // exception is still the std::bad_alloc.
   {
     GpuLoader L(src, options(16, 2), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     std::string what = "no error";
     bool bad_alloc = false;
     {
-      Setting fail("fail_alloc_after", 2);
+      L.pinned = std::make_shared<ExhaustedAfter>(L.pinned, 2);
       L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 0, 0)});
       try {
         for (;;) {
