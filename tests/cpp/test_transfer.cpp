@@ -58,6 +58,7 @@ struct Fake {
   void (*reset_misuses)() = nullptr;
   int (*configure)(const char*, long long) = nullptr;
   long long (*stat)(const char*) = nullptr;
+  long long (*calls)(const char*) = nullptr;  // every thread's calls of an entry point, ever
 };
 
 // The control functions of the library the driver loader opened (the same path: dlopen gives
@@ -90,6 +91,7 @@ const Fake& fake() {
     get("fake_cuda_reset_misuses", out.reset_misuses);
     get("fake_cuda_configure", out.configure);
     get("fake_cuda_stat", out.stat);
+    get("fake_cuda_calls", out.calls);
     return out;
   }();
   return f;
@@ -542,6 +544,71 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
     CHECK_NO_MISUSE();
   }
   check_all_released("after the loader is gone");
+}
+
+// Every allocation of an epoch comes before its first batch: the pinned slots are reserved by a
+// collation thread before any batch is built, the device buffers by the transfer thread before
+// its first copy. A consumer that holds two batches at a time (the previous one while it takes
+// the next, as a Python loop does) and is slower than the loader (so the window is full whenever
+// it takes one) needs everything the pools keep; without the reservation the pools would grow
+// to that mid-epoch, at times that depend on the threads. The next epoch allocates nothing.
+TEST_CASE(transfer_epoch_allocates_nothing_after_its_first_batch) {
+  start_clean();
+  const Source src(600);
+  for (int threads : {1, 3}) {
+    {
+      const int64_t prefetch = 3;
+      GpuLoader L(src, options(20, prefetch, threads), {0}, 2);
+      const int64_t parts = static_cast<int64_t>(L.engine->layout().num_parts());
+      cuda::Stream consumer(L.transfers[0]->context());
+      for (int64_t epoch : {0, 1}) {
+        // Allocation and free calls on any thread, and the live counts, at three points.
+        const char* kCalls[] = {"cuMemHostAlloc", "cuMemAlloc", "cuMemFreeHost", "cuMemFree"};
+        auto snapshot = [&] {
+          std::vector<long long> v;
+          for (const char* name : kCalls) v.push_back(fake().calls(name));
+          v.push_back(fake().stat("pinned_allocations"));
+          v.push_back(fake().stat("device_allocations"));
+          return v;
+        };
+        const std::vector<long long> before = snapshot();
+        L.start({EpochPlan(make_cfg(src.n, 20, 1, 0, true), epoch, 0)});
+        cuda::DeviceBatch previous, b;
+        std::vector<long long> at_first;
+        int64_t steps = 0;
+        for (;; ++steps) {
+          const NextStatus s = next_blocking(*L.transfers[0], L.pipeline.get(), consumer.get(), &b);
+          if (s != NextStatus::Ok) {
+            CHECK_MSG(s == NextStatus::End, status_name(s));
+            break;
+          }
+          if (steps == 0) at_first = snapshot();
+          std::this_thread::sleep_for(milliseconds(2));  // the loader fills its window meanwhile
+          if (!previous.parts.empty()) release(previous, consumer.get());
+          previous = std::move(b);
+          b = cuda::DeviceBatch();
+        }
+        release(previous, consumer.get());
+        CHECK(steps == L.pipeline->plan(0).num_batches());
+        const std::vector<long long> after = snapshot();
+        const std::string where = "threads " + std::to_string(threads) + " epoch " + std::to_string(epoch);
+        for (size_t i = 0; i < after.size(); ++i)
+          CHECK_MSG(!at_first.empty() && after[i] == at_first[i],
+                    where << ": " << (i < 4 ? kCalls[i] : i == 4 ? "live pinned" : "live device") << " "
+                          << (at_first.empty() ? -1 : at_first[i]) << " at the first batch, " << after[i]
+                          << " at the end");
+        // Exactly what the pools keep, allocated by the first epoch only.
+        const int64_t pinned = epoch == 0 ? L.keep() * parts : 0, device = epoch == 0 ? (prefetch + 2) * parts : 0;
+        CHECK_MSG(after[0] - before[0] == pinned && after[4] - before[4] == pinned,
+                  where << ": " << after[0] - before[0] << " pinned allocations, " << pinned << " kept");
+        CHECK_MSG(after[1] - before[1] == device && after[5] - before[5] == device,
+                  where << ": " << after[1] - before[1] << " device allocations, " << device << " kept");
+      }
+      L.close();
+      CHECK_NO_MISUSE();
+    }
+    check_all_released("after the loader is gone");
+  }
 }
 
 // Shutdown while copies are in flight (slow stand-in streams): a new epoch started mid-epoch, a
