@@ -136,15 +136,21 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   // allocation may synchronise the device, and made on demand it would come at a time that
   // depends on how the threads ran (possibly while a user captures a graph, or mid-epoch). The
   // pools keep it across epochs, so only the first epoch (or one that needs more) allocates.
+  // As much as the outputs can hold at once, not the spare: a native consumer's batches leave
+  // the window (and free a place for the next one) only when the consumer takes them, and its
+  // buffers never reach a loop variable, so it holds at most `prefetch` plus the extra ones
+  // (copies in flight of batches already taken); a Python consumer at most `prefetch` plus the
+  // one its loop variable holds.
   // Thread 0 allocates, a buffer of each part in turn so that running out of memory starves no
   // part; the other threads wait for it, so no acquire() races the reservation (which could
-  // allocate one buffer more than kept). Not on the caller's thread: start() returns at once.
+  // allocate one buffer more than needed). Not on the caller's thread: start() returns at once.
   std::vector<std::pair<std::shared_ptr<BufferPool>, int64_t>> reserve;
   for (size_t k = 0; k < sets.size(); ++k) {
     const int64_t keep = (options_.prefetch + 1) * outputs_of[k] + (natives_of[k] ? extra_buffers : 0) + 1;
+    const int64_t held = keep - 1 - natives_of[k];
     for (auto& pool : sets[k].pools) {
       pool->set_keep(keep);
-      if (sets[k].allocator->page_locked()) reserve.emplace_back(pool, keep);
+      if (sets[k].allocator->page_locked()) reserve.emplace_back(pool, held);
     }
   }
   sets_ = std::move(sets);

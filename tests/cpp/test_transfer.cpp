@@ -322,6 +322,9 @@ struct GpuLoader {
     for (auto& t : transfers) extra += t->in_flight_limit();
     return (prefetch_ + 1) * static_cast<int64_t>(transfers.size()) + extra + 1;
   }
+  // What its reservation allocates per part: the most the outputs can hold at once (the window
+  // and the copies in flight of batches already taken), not the spare nor a loop variable.
+  int64_t reserved() const { return keep() - 1 - static_cast<int64_t>(transfers.size()); }
   // As close() does: the epoch is cancelled, then the transfers stop and free their memory.
   void close() {
     engine->close();
@@ -433,10 +436,10 @@ TEST_CASE(transfer_values_order_and_bounded_memory_for_every_stream_count) {
           CHECK_MSG(exactly_once(ids, src.n), "streams " << streams << " prefetch " << prefetch);
           // Pinned host slots: the window and the copies in flight, allocated once.
           const BufferPoolCounts hc = L.engine->host_counts();
-          // Reserved up front (exactly what the pools keep), none more in either epoch.
-          CHECK_MSG(hc.allocations == L.keep() * parts && hc.frees == 0 && hc.with_user == 0,
+          // Reserved up front, none more in either epoch.
+          CHECK_MSG(hc.allocations == L.reserved() * parts && hc.frees == 0 && hc.with_user == 0,
                     "streams " << streams << " prefetch " << prefetch << ": allocations " << hc.allocations
-                               << " frees " << hc.frees << " keep " << L.keep());
+                               << " frees " << hc.frees << " reserved " << L.reserved());
           CHECK(fake().stat("pinned_allocations") == hc.live());
           // Device buffers: the window's batches, the one the consumer reads and the one it still
           // holds meanwhile (TransferEngine::keep), reserved before the first copy; none more.
@@ -550,8 +553,8 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
 // collation thread before any batch is built, the device buffers by the transfer thread before
 // its first copy. A consumer that holds two batches at a time (the previous one while it takes
 // the next, as a Python loop does) and is slower than the loader (so the window is full whenever
-// it takes one) needs everything the pools keep; without the reservation the pools would grow
-// to that mid-epoch, at times that depend on the threads. The next epoch allocates nothing.
+// it takes one) needs every device buffer; without the reservation the pools would grow to that
+// mid-epoch, at times that depend on the threads. The next epoch allocates nothing.
 TEST_CASE(transfer_epoch_allocates_nothing_after_its_first_batch) {
   start_clean();
   const Source src(600);
@@ -597,12 +600,12 @@ TEST_CASE(transfer_epoch_allocates_nothing_after_its_first_batch) {
                     where << ": " << (i < 4 ? kCalls[i] : i == 4 ? "live pinned" : "live device") << " "
                           << (at_first.empty() ? -1 : at_first[i]) << " at the first batch, " << after[i]
                           << " at the end");
-        // Exactly what the pools keep, allocated by the first epoch only.
-        const int64_t pinned = epoch == 0 ? L.keep() * parts : 0, device = epoch == 0 ? (prefetch + 2) * parts : 0;
+        // Exactly what the reservation allocates, by the first epoch only.
+        const int64_t pinned = epoch == 0 ? L.reserved() * parts : 0, device = epoch == 0 ? (prefetch + 2) * parts : 0;
         CHECK_MSG(after[0] - before[0] == pinned && after[4] - before[4] == pinned,
-                  where << ": " << after[0] - before[0] << " pinned allocations, " << pinned << " kept");
+                  where << ": " << after[0] - before[0] << " pinned allocations, " << pinned << " reserved");
         CHECK_MSG(after[1] - before[1] == device && after[5] - before[5] == device,
-                  where << ": " << after[1] - before[1] << " device allocations, " << device << " kept");
+                  where << ": " << after[1] - before[1] << " device allocations, " << device << " reserved");
       }
       L.close();
       CHECK_NO_MISUSE();
