@@ -92,6 +92,34 @@ void BufferPool::trim_locked(std::vector<std::byte*>* excess) {
   }
 }
 
+bool BufferPool::reserve(int64_t n) noexcept {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (counts_.live() >= n) return true;
+    }
+    // Outside the lock (a page-locked allocation takes milliseconds): buffers users hold may
+    // come back meanwhile. The caller makes sure no acquire() runs concurrently, so live() is
+    // only ever raised here: the pool never ends up above `n`.
+    std::byte* data = nullptr;
+    try {
+      data = static_cast<std::byte*>(allocator_->allocate(buffer_bytes_));
+    } catch (...) {  // out of memory, or a driver error: acquire() meets (and reports) it again
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      free_.reserve(static_cast<size_t>(counts_.live() + 1));  // as acquire(): give_back never reallocates
+    } catch (...) {
+      allocator_->deallocate(data, buffer_bytes_);
+      return false;
+    }
+    free_.push_back(data);
+    ++counts_.allocations;
+    ++counts_.free;
+  }
+}
+
 void BufferPool::set_keep(int64_t keep) {
   std::vector<std::byte*> excess;
   {

@@ -71,6 +71,11 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // keeps every returned buffer, so a user who holds batches for a while and drops them together
   // costs allocations once per epoch, not once per batch.
   void set_keep(int64_t keep);
+  // Allocates spares until `n` buffers are live (those users hold count): at an epoch start, for
+  // memory whose allocation may synchronise a device, so that the epoch itself allocates none.
+  // The caller must not acquire() concurrently (else both may allocate the last one). False
+  // when an allocation failed: the pool then grows on demand as usual (and reports it there).
+  bool reserve(int64_t n) noexcept;
 
   size_t buffer_bytes() const { return buffer_bytes_; }
   const HostAllocator& allocator() const { return *allocator_; }

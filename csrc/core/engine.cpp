@@ -2,6 +2,8 @@
 #include "core/engine.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unistd.h>
@@ -9,6 +11,29 @@
 #include "core/fork_guard.h"
 
 namespace fastload {
+
+namespace {
+// Opened once by one thread; the others wait for it.
+class Latch {
+ public:
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+}  // namespace
 
 Engine::Engine(std::vector<ArrayColumn> columns, const EngineOptions& options,
                std::shared_ptr<HostAllocator> allocator)
@@ -106,16 +131,53 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   // Each output has up to `prefetch` batches in its window, plus the one a Python loop variable
   // still holds while next() hands over the following one; native consumers hold a few more
   // (copies in flight); and one recycled spare. With that many, a training loop that drops each
-  // batch never makes the pool allocate after the first batches.
+  // batch never makes the pool allocate beyond the reservation below.
+  // Page-locked memory is allocated up front, before any batch of the epoch is built: its
+  // allocation may synchronise the device, and made on demand it would come at a time that
+  // depends on how the threads ran (possibly while a user captures a graph, or mid-epoch). The
+  // pools keep it across epochs, so only the first epoch (or one that needs more) allocates.
+  // As much as the outputs can hold at once, not the spare: a native consumer's batches leave
+  // the window (and free a place for the next one) only when the consumer takes them, and its
+  // buffers never reach a loop variable, so it holds at most `prefetch` plus the extra ones
+  // (copies in flight of batches already taken); a Python consumer at most `prefetch` plus the
+  // one its loop variable holds.
+  // Thread 0 allocates, a buffer of each part in turn so that running out of memory starves no
+  // part; the other threads wait for it, so no acquire() races the reservation (which could
+  // allocate one buffer more than needed). Not on the caller's thread: start() returns at once.
+  std::vector<std::pair<std::shared_ptr<BufferPool>, int64_t>> reserve;
   for (size_t k = 0; k < sets.size(); ++k) {
     const int64_t keep = (options_.prefetch + 1) * outputs_of[k] + (natives_of[k] ? extra_buffers : 0) + 1;
-    for (auto& pool : sets[k].pools) pool->set_keep(keep);
+    const int64_t held = keep - 1 - natives_of[k];
+    for (auto& pool : sets[k].pools) {
+      pool->set_keep(keep);
+      if (sets[k].allocator->page_locked()) reserve.emplace_back(pool, held);
+    }
   }
   sets_ = std::move(sets);
   auto pipeline = std::make_shared<Pipeline>(source_, layout_, std::move(outputs), options_.prefetch,
                                              std::move(per_output), fail_at_step);
   current_ = pipeline;
-  threads_->run([pipeline](int thread) { pipeline->work(thread); });
+  if (reserve.empty()) {  // ordinary memory: allocated on demand, never waited for
+    threads_->run([pipeline](int thread) { pipeline->work(thread); });
+    return pipeline;
+  }
+  auto reserved = std::make_shared<Latch>();
+  threads_->run([pipeline, reserve = std::move(reserve), reserved](int thread) {
+    if (thread == 0) {
+      int64_t most = 0;
+      for (const auto& r : reserve) most = std::max(most, r.second);
+      bool ok = true;
+      // Stops early when out of memory (the epoch allocates on demand then, and reports a failure
+      // where it happens) or when the epoch is cancelled (the next one reserves the rest).
+      for (int64_t k = 1; k <= most && ok && !pipeline->cancelled(); ++k)
+        for (const auto& [pool, n] : reserve)
+          if (k <= n && !(ok = pool->reserve(k))) break;
+      reserved->open();  // reserve() never throws: the others always get here
+    } else {
+      reserved->wait();
+    }
+    pipeline->work(thread);
+  });
   return pipeline;
 }
 

@@ -209,6 +209,18 @@ std::shared_ptr<DeviceBuffer> DevicePool::acquire_waiting(std::chrono::milliseco
   return b ? wrap(b) : nullptr;
 }
 
+bool DevicePool::reserve(int64_t n) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (live_ >= n) return true;
+    }
+    DeviceBuffer* b = allocate();  // counted live; null when out of memory (other errors throw)
+    if (!b) return false;
+    give_back(b);  // a spare, with no release to wait for
+  }
+}
+
 int64_t DevicePool::spare() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int64_t>(free_.size());

@@ -16,9 +16,10 @@
 // CUDA_ERROR_OUT_OF_MEMORY the pool waits for a buffer to come back instead of growing, and the
 // consumer's next() empties torch's cache before giving up, as torch's own allocator does);
 // torch's record_stream does nothing here (fastload.record_stream does it). Buffers are
-// allocated when first needed and reused, never freed mid-epoch (cuMemFree synchronises the
-// device); each keeps its device's primary context alive, so a batch stays valid after its
-// loader is gone.
+// allocated up front (TransferEngine reserves what a loop needs before its first copy), more
+// only when the user holds more batches, and reused, never freed mid-epoch (cuMemFree
+// synchronises the device); each keeps its device's primary context alive, so a batch stays
+// valid after its loader is gone.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -125,6 +126,10 @@ class DevicePool : public std::enable_shared_from_this<DevicePool> {
   // tries an allocation again (memory may have been freed elsewhere); null if neither worked.
   std::shared_ptr<DeviceBuffer> acquire_waiting(std::chrono::milliseconds timeout);
   int64_t spare() const;         // buffers free for reuse
+  // Allocates spares until `n` buffers are live (those users hold count); false (and stops) when
+  // the device is out of memory, throws DriverError on another failure. On the thread that
+  // acquires (no acquire() may run concurrently).
+  bool reserve(int64_t n);
   void set_keep(int64_t keep);  // frees spares beyond keep (at epoch boundaries only)
   int64_t live() const;          // allocated and not freed
   int64_t allocations() const;

@@ -120,6 +120,20 @@ void TransferEngine::run(std::shared_ptr<Pipeline> pipeline, int output) {
   try {
     relax_capture_for_this_thread();  // before any other driver call on this thread
     ctx_->make_current();
+    // Device buffers up front, on this thread, before the first copy (an allocation may
+    // synchronise the device): what a loop that drops each batch needs, so that no epoch
+    // allocates at a time that depends on how the threads ran. Once per engine: the pools keep
+    // them across epochs. A buffer of each part in turn, so that running out of memory starves
+    // no part; out of memory, the rest is allocated on demand (acquire() waits and reports).
+    bool reserved = true;
+    for (int64_t k = 1; k <= keep() && reserved; ++k) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) break;  // the loop below sees it too
+      }
+      for (auto& pool : pools_)
+        if (!(reserved = pool->reserve(k))) break;
+    }
     for (int64_t index = 0;; ++index) {
       retire(false);
       Batch batch;

@@ -58,6 +58,7 @@ struct Fake {
   void (*reset_misuses)() = nullptr;
   int (*configure)(const char*, long long) = nullptr;
   long long (*stat)(const char*) = nullptr;
+  long long (*calls)(const char*) = nullptr;  // every thread's calls of an entry point, ever
 };
 
 // The control functions of the library the driver loader opened (the same path: dlopen gives
@@ -90,6 +91,7 @@ const Fake& fake() {
     get("fake_cuda_reset_misuses", out.reset_misuses);
     get("fake_cuda_configure", out.configure);
     get("fake_cuda_stat", out.stat);
+    get("fake_cuda_calls", out.calls);
     return out;
   }();
   return f;
@@ -320,6 +322,9 @@ struct GpuLoader {
     for (auto& t : transfers) extra += t->in_flight_limit();
     return (prefetch_ + 1) * static_cast<int64_t>(transfers.size()) + extra + 1;
   }
+  // What its reservation allocates per part: the most the outputs can hold at once (the window
+  // and the copies in flight of batches already taken), not the spare nor a loop variable.
+  int64_t reserved() const { return keep() - 1 - static_cast<int64_t>(transfers.size()); }
   // As close() does: the epoch is cancelled, then the transfers stop and free their memory.
   void close() {
     engine->close();
@@ -383,6 +388,22 @@ int64_t consume_all(GpuLoader& L, int d, api::CUstream stream, std::vector<int64
   return step;
 }
 
+// Page-locked memory that runs out for good after `n` allocations.
+class ExhaustedAfter final : public HostAllocator {
+ public:
+  ExhaustedAfter(std::shared_ptr<HostAllocator> pinned, int n) : pinned_(std::move(pinned)), left_(n) {}
+  void* allocate(size_t n) override {
+    if (left_.fetch_sub(1) <= 0) throw std::bad_alloc();
+    return pinned_->allocate(n);
+  }
+  void deallocate(void* p, size_t n) noexcept override { pinned_->deallocate(p, n); }
+  bool page_locked() const override { return true; }
+
+ private:
+  std::shared_ptr<HostAllocator> pinned_;
+  std::atomic<int> left_;
+};
+
 bool exactly_once(std::vector<int64_t> ids, int64_t n) {
   if (static_cast<int64_t>(ids.size()) != n) return false;
   std::sort(ids.begin(), ids.end());
@@ -415,13 +436,15 @@ TEST_CASE(transfer_values_order_and_bounded_memory_for_every_stream_count) {
           CHECK_MSG(exactly_once(ids, src.n), "streams " << streams << " prefetch " << prefetch);
           // Pinned host slots: the window and the copies in flight, allocated once.
           const BufferPoolCounts hc = L.engine->host_counts();
-          CHECK_MSG(hc.allocations <= L.keep() * parts && hc.frees == 0 && hc.with_user == 0,
+          // Reserved up front, none more in either epoch.
+          CHECK_MSG(hc.allocations == L.reserved() * parts && hc.frees == 0 && hc.with_user == 0,
                     "streams " << streams << " prefetch " << prefetch << ": allocations " << hc.allocations
-                               << " frees " << hc.frees << " keep " << L.keep());
+                               << " frees " << hc.frees << " reserved " << L.reserved());
           CHECK(fake().stat("pinned_allocations") == hc.live());
-          // Device buffers: the window's batches and the one the consumer is reading.
+          // Device buffers: the window's batches, the one the consumer reads and the one it still
+          // holds meanwhile (TransferEngine::keep), reserved before the first copy; none more.
           const cuda::TransferCounts tc = L.transfers[0]->counts();
-          CHECK_MSG(tc.device_allocations <= (prefetch + 1) * parts,
+          CHECK_MSG(tc.device_allocations == (prefetch + 2) * parts,
                     "streams " << streams << " prefetch " << prefetch << ": " << tc.device_allocations
                                << " device allocations");
           CHECK(tc.batches == batches);
@@ -517,13 +540,78 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
       CHECK_MSG(same, "step " << s << " read back wrong");
     }
     const int64_t parts = static_cast<int64_t>(layout.num_parts());
-    CHECK_MSG(L.transfers[0]->counts().device_allocations <= 2 * parts,
+    CHECK_MSG(L.transfers[0]->counts().device_allocations == 3 * parts,  // keep(): prefetch + 2
               L.transfers[0]->counts().device_allocations << " device allocations for " << nb << " batches");
     staging_memory.deallocate(staging, stride * static_cast<size_t>(nb));
     L.close();
     CHECK_NO_MISUSE();
   }
   check_all_released("after the loader is gone");
+}
+
+// Every allocation of an epoch comes before its first batch: the pinned slots are reserved by a
+// collation thread before any batch is built, the device buffers by the transfer thread before
+// its first copy. A consumer that holds two batches at a time (the previous one while it takes
+// the next, as a Python loop does) and is slower than the loader (so the window is full whenever
+// it takes one) needs every device buffer; without the reservation the pools would grow to that
+// mid-epoch, at times that depend on the threads. The next epoch allocates nothing.
+TEST_CASE(transfer_epoch_allocates_nothing_after_its_first_batch) {
+  start_clean();
+  const Source src(600);
+  for (int threads : {1, 3}) {
+    {
+      const int64_t prefetch = 3;
+      GpuLoader L(src, options(20, prefetch, threads), {0}, 2);
+      const int64_t parts = static_cast<int64_t>(L.engine->layout().num_parts());
+      cuda::Stream consumer(L.transfers[0]->context());
+      for (int64_t epoch : {0, 1}) {
+        // Allocation and free calls on any thread, and the live counts, at three points.
+        const char* kCalls[] = {"cuMemHostAlloc", "cuMemAlloc", "cuMemFreeHost", "cuMemFree"};
+        auto snapshot = [&] {
+          std::vector<long long> v;
+          for (const char* name : kCalls) v.push_back(fake().calls(name));
+          v.push_back(fake().stat("pinned_allocations"));
+          v.push_back(fake().stat("device_allocations"));
+          return v;
+        };
+        const std::vector<long long> before = snapshot();
+        L.start({EpochPlan(make_cfg(src.n, 20, 1, 0, true), epoch, 0)});
+        cuda::DeviceBatch previous, b;
+        std::vector<long long> at_first;
+        int64_t steps = 0;
+        for (;; ++steps) {
+          const NextStatus s = next_blocking(*L.transfers[0], L.pipeline.get(), consumer.get(), &b);
+          if (s != NextStatus::Ok) {
+            CHECK_MSG(s == NextStatus::End, status_name(s));
+            break;
+          }
+          if (steps == 0) at_first = snapshot();
+          std::this_thread::sleep_for(milliseconds(2));  // the loader fills its window meanwhile
+          if (!previous.parts.empty()) release(previous, consumer.get());
+          previous = std::move(b);
+          b = cuda::DeviceBatch();
+        }
+        release(previous, consumer.get());
+        CHECK(steps == L.pipeline->plan(0).num_batches());
+        const std::vector<long long> after = snapshot();
+        const std::string where = "threads " + std::to_string(threads) + " epoch " + std::to_string(epoch);
+        for (size_t i = 0; i < after.size(); ++i)
+          CHECK_MSG(!at_first.empty() && after[i] == at_first[i],
+                    where << ": " << (i < 4 ? kCalls[i] : i == 4 ? "live pinned" : "live device") << " "
+                          << (at_first.empty() ? -1 : at_first[i]) << " at the first batch, " << after[i]
+                          << " at the end");
+        // Exactly what the reservation allocates, by the first epoch only.
+        const int64_t pinned = epoch == 0 ? L.reserved() * parts : 0, device = epoch == 0 ? (prefetch + 2) * parts : 0;
+        CHECK_MSG(after[0] - before[0] == pinned && after[4] - before[4] == pinned,
+                  where << ": " << after[0] - before[0] << " pinned allocations, " << pinned << " reserved");
+        CHECK_MSG(after[1] - before[1] == device && after[5] - before[5] == device,
+                  where << ": " << after[1] - before[1] << " device allocations, " << device << " reserved");
+      }
+      L.close();
+      CHECK_NO_MISUSE();
+    }
+    check_all_released("after the loader is gone");
+  }
 }
 
 // Shutdown while copies are in flight (slow stand-in streams): a new epoch started mid-epoch, a
@@ -728,17 +816,16 @@ TEST_CASE(transfer_errors_surface_from_next) {
     CHECK_NO_MISUSE();
   }
   check_all_released("after a collation failure");
-  // Page-locked memory exhausted: a collation thread's cuMemHostAlloc fails, and the consumer
-  // gets a CollationError whose original exception is still the std::bad_alloc. (The third
-  // allocation is always a pinned one: no batch reaches the transfer thread before its five
-  // pinned parts exist.)
+  // Page-locked memory exhausted: the epoch start reserves what it can (two slots), then a
+  // collation thread's allocation fails, and the consumer gets a CollationError whose original
+  // exception is still the std::bad_alloc.
   {
     GpuLoader L(src, options(16, 2), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     std::string what = "no error";
     bool bad_alloc = false;
     {
-      Setting fail("fail_alloc_after", 2);
+      L.pinned = std::make_shared<ExhaustedAfter>(L.pinned, 2);
       L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 0, 0)});
       try {
         for (;;) {
