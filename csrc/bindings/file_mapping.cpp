@@ -34,10 +34,6 @@ namespace py = pybind11;
 namespace fastload {
 namespace {
 
-int64_t mtime_ns(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
 [[noreturn]] void raise_errno(int err, const std::string& path) {
   errno = err;
   PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());

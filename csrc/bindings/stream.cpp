@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,8 @@ py::array_t<int64_t> stream_ids(const StreamSampler& s, int64_t first, int64_t e
   py::array_t<int64_t> out(steps * b);
   int64_t* dst = out.mutable_data();
   constexpr int64_t kSlice = int64_t{1} << 20;  // ids per slice: a few ms
+  // One cursor for the walk: each step starts from the last one's state instead of afresh.
+  const std::unique_ptr<PlanCursor> cursor = plan.cursor();
   int64_t step = 0;
   while (step < steps) {
     {
@@ -76,6 +79,7 @@ py::array_t<int64_t> stream_ids(const StreamSampler& s, int64_t first, int64_t e
       for (int64_t budget = kSlice; step < steps && budget > 0; ++step, budget -= b) {
         BatchRows rows;
         rows.ids = dst + step * b;
+        rows.cursor = cursor.get();
         plan.fill(step, rows);
       }
     }

@@ -24,7 +24,7 @@ struct PartSchema {
 };
 
 // One batch to fill: rows [0, count) of every part of the source's schema, for the sample ids
-// given in order (null for a source that wants_sources(), when source_of and local_ids are
+// given in order (null for a source that wants_sources(), when local_ids and source_rows are
 // given). Several collation threads fill different batches at the same time.
 struct FillRequest {
   const int64_t* ids = nullptr;
@@ -37,11 +37,9 @@ struct FillRequest {
   // What the batch carries besides its parts (a Python source's non-array fields); the core
   // only moves it along with the batch.
   std::shared_ptr<void>* extras = nullptr;
-  // For a source that wants_sources(), when the plan knows them: each row's source (rows grouped
-  // by source, in source order) and its id within that source; where each source's rows start
-  // (num_sources + 1 entries, the last = count), which spares reading source_of (then it may be
-  // null). Null otherwise.
-  const int64_t* source_of = nullptr;
+  // For a source that wants_sources(), when the plan knows them (rows grouped by source, in
+  // source order): each row's id within its source, and where each source's rows start
+  // (num_sources + 1 entries, the last = count). Null otherwise.
   const int64_t* local_ids = nullptr;
   const int64_t* source_rows = nullptr;
   int num_sources = 0;
@@ -52,7 +50,7 @@ class BatchSource {
   virtual ~BatchSource() = default;
   virtual const std::vector<PartSchema>& schema() const = 0;
   virtual int64_t size() const = 0;  // samples; ids are in [0, size())
-  // A mixture of sources reads FillRequest::source_of and local_ids when the plan provides them.
+  // A mixture of sources reads FillRequest::local_ids and source_rows when the plan provides them.
   virtual bool wants_sources() const { return false; }
   // Throws to fail the batch: the pipeline reports it with the batch and epoch, keeping the
   // original exception.

@@ -61,19 +61,7 @@ std::shared_ptr<HostBuffer> BufferPool::acquire() {
       ++counts_.with_loader;
     }
   }
-  if (!data) {
-    data = static_cast<std::byte*>(allocator_->allocate(buffer_bytes_));  // may throw: nothing counted yet
-    std::lock_guard<std::mutex> lock(mutex_);
-    try {
-      // Room for every live buffer in free_, so give_back (noexcept) never reallocates.
-      free_.reserve(static_cast<size_t>(counts_.live() + 1));
-    } catch (...) {
-      allocator_->deallocate(data, buffer_bytes_);
-      throw;
-    }
-    ++counts_.allocations;
-    ++counts_.with_loader;
-  }
+  if (!data) data = allocate_new(false);
   // The deleter holds the pool alive: a batch may outlive the loader that made it.
   auto self = shared_from_this();
   return std::shared_ptr<HostBuffer>(new HostBuffer(this, data, buffer_bytes_),
@@ -101,23 +89,33 @@ bool BufferPool::reserve(int64_t n) noexcept {
     // Outside the lock (a page-locked allocation takes milliseconds): buffers users hold may
     // come back meanwhile. The caller makes sure no acquire() runs concurrently, so live() is
     // only ever raised here: the pool never ends up above `n`.
-    std::byte* data = nullptr;
     try {
-      data = static_cast<std::byte*>(allocator_->allocate(buffer_bytes_));
+      allocate_new(true);
     } catch (...) {  // out of memory, or a driver error: acquire() meets (and reports) it again
       return false;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    try {
-      free_.reserve(static_cast<size_t>(counts_.live() + 1));  // as acquire(): give_back never reallocates
-    } catch (...) {
-      allocator_->deallocate(data, buffer_bytes_);
-      return false;
-    }
-    free_.push_back(data);
-    ++counts_.allocations;
-    ++counts_.free;
   }
+}
+
+std::byte* BufferPool::allocate_new(bool spare) {
+  // Outside the lock (a page-locked allocation takes milliseconds); may throw: nothing counted yet.
+  auto* data = static_cast<std::byte*>(allocator_->allocate(buffer_bytes_));
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    // Room for every live buffer in free_, so give_back (noexcept) never reallocates.
+    free_.reserve(static_cast<size_t>(counts_.live() + 1));
+  } catch (...) {
+    allocator_->deallocate(data, buffer_bytes_);
+    throw;
+  }
+  ++counts_.allocations;
+  if (spare) {
+    free_.push_back(data);
+    ++counts_.free;
+  } else {
+    ++counts_.with_loader;
+  }
+  return data;
 }
 
 void BufferPool::set_keep(int64_t keep) {

@@ -86,6 +86,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   BufferPool(size_t buffer_bytes, int64_t keep, std::shared_ptr<HostAllocator> allocator);
   void give_back(HostBuffer* b) noexcept;
   void trim_locked(std::vector<std::byte*>* excess);
+  // A newly allocated and counted buffer: a spare in free_, or else one the caller holds (with_loader).
+  std::byte* allocate_new(bool spare);
 
   const size_t buffer_bytes_;
   const uint64_t fork_generation_;

@@ -61,7 +61,6 @@ class Engine {
   size_t host_bytes(bool page_locked) const;  // bytes of the live host buffers of that kind
   BufferPoolCounts host_counts() const;       // of every kind
   size_t host_bytes() const;
-  const std::shared_ptr<HostAllocator>& default_allocator() const { return default_allocator_; }
   int num_threads() const { return options_.num_threads; }
 
  private:

@@ -27,11 +27,11 @@ struct MappingCache::Slot {
   std::atomic<bool> checked{false};
 };
 
-namespace {
-
 int64_t mtime_ns(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
+
+namespace {
 
 [[noreturn]] void fail(const LazyFile& f, const std::string& what) {
   throw std::invalid_argument(f.path + ": " + what);

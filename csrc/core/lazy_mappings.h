@@ -2,6 +2,8 @@
 // the process may map at once (Linux allows vm.max_map_count mappings, 65,530 by default, and
 // every mapped file is one). The core knows POSIX files here, not Python.
 #pragma once
+#include <sys/stat.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -18,6 +20,9 @@ namespace fastload {
 struct FileIdentity {
   int64_t device = 0, inode = 0, mtime_ns = 0, size = 0;
 };
+
+// A stat's modification time in nanoseconds, as FileIdentity and Python's st_mtime_ns hold it.
+int64_t mtime_ns(const struct stat& st);
 
 // One file to map on demand: its data are `bytes` bytes at byte `offset` (after a header).
 struct LazyFile {

@@ -18,8 +18,6 @@ std::string describe(const PartSchema& p) {
 
 // Part pointers of one child fill live on the stack up to this many parts.
 constexpr size_t kInlineParts = 32;
-// Row addresses of a strided batch live on the stack up to this many rows.
-constexpr int64_t kInlineRows = 256;
 }  // namespace
 
 MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : children_(std::move(children)) {
@@ -77,7 +75,7 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
   sub.count = count;
   sub.parts = part_ptrs;
   sub.extras = &extras;
-  sub.source_of = sub.local_ids = sub.source_rows = nullptr;
+  sub.local_ids = sub.source_rows = nullptr;
   sub.num_sources = 0;
   children_[static_cast<size_t>(child)]->fill(sub);
   if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
@@ -96,13 +94,11 @@ void MixSource::bad_split(const FillRequest& r) const {
 }
 
 void MixSource::fill_strided(const FillRequest& r) {
-  const std::byte* inline_rows[kInlineRows];
-  std::vector<const std::byte*> many;
-  const std::byte** rows = inline_rows;
-  if (r.count > kInlineRows) {
-    many.resize(static_cast<size_t>(r.count));
-    rows = many.data();
-  }
+  // Each row's address, in a buffer per collation thread: batches of thousands of rows are
+  // common, and an allocation per batch is not needed.
+  thread_local std::vector<const std::byte*> addresses;
+  if (addresses.size() < static_cast<size_t>(r.count)) addresses.resize(static_cast<size_t>(r.count));
+  const std::byte** rows = addresses.data();
   const size_t children = children_.size();
   const int64_t* __restrict local = r.local_ids;
   for (size_t p = 0; p < strided_.size(); ++p) {
@@ -141,21 +137,6 @@ void MixSource::fill(const FillRequest& r) {
     for (int j = 0; j < children; ++j) {
       const int64_t lo = r.source_rows[j], hi = r.source_rows[j + 1];
       if (hi > lo) fill_run(r, j, lo, hi - lo, r.local_ids + lo, part_ptrs);
-    }
-    return;
-  }
-  if (r.source_of && r.local_ids) {
-    // The plan's own split: runs of one source in source order (a binary search per source).
-    for (int64_t k = 0; k < r.count;) {
-      const int64_t j = r.source_of[k];
-      if (j < 0 || j >= children)
-        throw std::out_of_range("row " + std::to_string(k) + " names mixture source " + std::to_string(j));
-      const int64_t end =
-          std::partition_point(r.source_of + k, r.source_of + r.count, [j](int64_t s) { return s == j; }) - r.source_of;
-      if (end <= k || r.source_of[end - 1] != j)
-        throw std::logic_error("a plan's rows are not grouped by source (row " + std::to_string(k) + ")");
-      fill_run(r, static_cast<int>(j), k, end - k, r.local_ids + k, part_ptrs);
-      k = end;
     }
     return;
   }

@@ -2,7 +2,7 @@
 // offset_j + i). A batch's rows come grouped by source (stream_plan.h), so a fill is one child
 // fill per run of rows, each writing straight into its rows of the batch's parts. A stream plan
 // hands over where each source's rows start and each row's local id (FillRequest::source_rows and
-// local_ids, or source_of per row); other ids are split and translated here. When every child is
+// local_ids); other ids are split and translated here. When every child is
 // an array of strided fixed-size columns, a batch split by the plan is gathered part by part in
 // one pass over its rows (each row's address from its source's column), not one fill per run.
 #pragma once

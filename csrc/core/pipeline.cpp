@@ -193,7 +193,6 @@ void Pipeline::build(int output, int64_t step, int thread, WorkerScratch& scratc
   request.thread = thread;
   request.extras = &batch->extras;
   if (o.by_source) {
-    request.source_of = out.sources;
     request.local_ids = out.local_ids;
     request.source_rows = out.source_rows;
     request.num_sources = plan.num_sources();

@@ -119,9 +119,6 @@ class Pipeline {
     int waiting = 0;      // consumers blocked in next()
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
-    Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake)
-        : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), by_source(false),
-          native_consumer(native), wake_batch(wake) {}
     Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake, bool sources)
         : plan(std::move(p)), num_batches(plan->num_batches()), seed(plan->seed()), by_source(sources),
           native_consumer(native), wake_batch(wake) {}
@@ -133,10 +130,10 @@ class Pipeline {
   bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
   // One collation thread's own working memory: ids (unless the layout has an index part), a
-  // mixture's sources, local ids and each source's first row, and its cursor of every output's
-  // plan (BatchPlan::cursor; null where the plan keeps none).
+  // mixture's local ids and each source's first row, and its cursor of every output's plan
+  // (BatchPlan::cursor; null where the plan keeps none).
   struct WorkerScratch {
-    std::vector<int64_t> ids, sources, local_ids, source_rows;
+    std::vector<int64_t> ids, local_ids, source_rows;
     std::vector<std::unique_ptr<PlanCursor>> cursors;
   };
   void build(int output, int64_t step, int thread, WorkerScratch& scratch, Batch* batch);

@@ -13,27 +13,11 @@ constexpr uint64_t kSourceSeedSalt = 0x57e4a35000000000ULL;
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument(what); }
 
-// Per-source scratch of a batch lives on the stack up to this many sources.
-constexpr size_t kInlineSources = 16;
-
 // to[i] = from[i] + offset: the ids in the mixture from a source's own (vectorised: no aliasing).
 void add_offset(const int64_t* __restrict from, int64_t* __restrict to, int64_t count, int64_t offset) {
   for (int64_t i = 0; i < count; ++i) to[i] = from[i] + offset;
 }
 
-struct Scratch {
-  int64_t inline_[3 * kInlineSources];
-  std::vector<int64_t> heap;
-  int64_t* data;
-  explicit Scratch(size_t n) {
-    if (n <= kInlineSources) {
-      data = inline_;
-    } else {
-      heap.resize(3 * n);
-      data = heap.data();
-    }
-  }
-};
 }  // namespace
 
 uint64_t stream_source_seed(uint64_t seed, int source, int num_sources) {
@@ -218,16 +202,15 @@ void StreamPlan::step_counts(int64_t step, int64_t* out) const {
 }
 
 void StreamPlan::add_source_rows(int64_t batch, int64_t* counts) const {
-  const int n = num_sources();
-  Scratch scratch(static_cast<size_t>(n));
-  int64_t* d = scratch.data;
-  step_counts(first_ + batch, d);
+  const int64_t step = first_ + batch;
+  if (step < config_->origin) throw std::out_of_range("step before the schedule's origin");
   int64_t start = 0;
-  for (int j = 0; j < n; ++j) {
+  for (int j = 0; j < num_sources(); ++j) {
+    const int64_t d = config_->schedule.count(j, step - config_->origin);
     int64_t lo, hi;
-    rows_of(start, d[j], &lo, &hi);
+    rows_of(start, d, &lo, &hi);
     counts[j] += hi - lo;
-    start += d[j];
+    start += d;
   }
 }
 

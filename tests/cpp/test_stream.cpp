@@ -567,17 +567,19 @@ TEST_CASE(mix_source_fills_each_run_from_its_child) {
     r.count = count;
     r.parts = parts;
     mix.fill(r);
-    if (it % 2) {  // grouped: the plan's split (each row's source and local id) fills the same rows
-      std::vector<int64_t> src, local, again_a(out_a.size(), 7), again_b(out_b.size(), 7);
+    if (it % 2) {  // grouped: the plan's split (each row's local id, each source's rows) fills the same rows
+      std::vector<int64_t> local, rows_of(4, 0), again_a(out_a.size(), 7), again_b(out_b.size(), 7);
       for (int64_t id : ids) {
-        src.push_back(id < 5 ? 0 : id < 6 ? 1 : 2);
+        ++rows_of[static_cast<size_t>(id < 5 ? 1 : id < 6 ? 2 : 3)];
         local.push_back(id - (id < 5 ? 0 : id < 6 ? 5 : 6));
       }
+      for (size_t j = 1; j < rows_of.size(); ++j) rows_of[j] += rows_of[j - 1];  // where each source's rows start
       std::byte* again[2] = {reinterpret_cast<std::byte*>(again_a.data()), reinterpret_cast<std::byte*>(again_b.data())};
       FillRequest g = r;
       g.parts = again;
-      g.source_of = src.data();
       g.local_ids = local.data();
+      g.source_rows = rows_of.data();
+      g.num_sources = 3;
       mix.fill(g);
       CHECK(again_a == out_a && again_b == out_b);
     }
