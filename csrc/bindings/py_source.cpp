@@ -515,7 +515,7 @@ void PythonSource::fill_local(const FillRequest& r) {
       else Py_DECREF(sample);
       continue;
     }
-    const bool timing = i % kTimeStride == 0;
+    const bool timing = !getitems_ && i % kTimeStride == 0;  // `own` is read only without __getitems__
     const int64_t w0 = timing ? now_ns() : 0;
     write(tree_, sample, i, id, r.parts, objects.get(), FieldPath{});
     if (timing) own += (now_ns() - w0) * std::min(kTimeStride, r.count - i);

@@ -182,18 +182,7 @@ std::shared_ptr<DeviceBuffer> DevicePool::wrap(DeviceBuffer* b) {
   return std::shared_ptr<DeviceBuffer>(b, [self](DeviceBuffer* x) { self->give_back(x); });
 }
 
-std::shared_ptr<DeviceBuffer> DevicePool::acquire() {
-  DeviceBuffer* b = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!free_.empty()) {
-      b = free_.back();
-      free_.pop_back();
-    }
-  }
-  if (!b) b = allocate();
-  return b ? wrap(b) : nullptr;
-}
+std::shared_ptr<DeviceBuffer> DevicePool::acquire() { return acquire_waiting(std::chrono::milliseconds(0)); }
 
 std::shared_ptr<DeviceBuffer> DevicePool::acquire_waiting(std::chrono::milliseconds timeout) {
   DeviceBuffer* b = nullptr;

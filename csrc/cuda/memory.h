@@ -92,7 +92,6 @@ class DeviceBuffer {
   // buffer is retired for good (the pool never hands it out again). A failure other than driver
   // shutdown is logged.
   void release_after(api::CUstream stream) noexcept;
-  bool retired() const { return retired_; }
 
  private:
   friend class DevicePool;
