@@ -440,6 +440,9 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.2, window: float = 0.5)
 
 def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float, max_wait: float = 0.0) -> Result:
     before = set(process_tree())
+    # Before the alternative starts: while it runs, its prefetch queue would refill during the
+    # wait, and its worker processes' CPU would count as other processes'.
+    wait_for_quiet(max_wait)
     running = alt.start(ds, batch)
     try:
         it = running.batches
@@ -447,7 +450,6 @@ def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float
         end = time.perf_counter() + warmup
         while time.perf_counter() < end:
             next(it)
-        wait_for_quiet(max_wait)
         meter = TreeMeter()  # after the warm-up: every worker process exists now
         done = 0
         end = time.perf_counter() + seconds
