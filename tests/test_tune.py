@@ -375,6 +375,16 @@ def test_fl_tune_takes_a_dataset_object_or_a_module_class_and_its_args_build_a_l
                 progress=False)
 
 
+def test_the_workers_axis_is_threads_and_processes_by_default_on_any_device() -> None:
+    # Worker processes feed a GPU too (registered shared memory): no device narrows the default.
+    assert _tune._worker_values(None, python=True) == ["threads", "processes"]
+    assert _tune._worker_values("processes", python=True) == ["processes"]
+    assert _tune._worker_values(["processes", "threads", "threads"], python=True) == ["threads", "processes"]
+    assert _tune._worker_values(None, python=False) == [None]
+    with pytest.raises(ValueError, match="workers must hold 'threads' and/or 'processes'"):
+        _tune._worker_values([], python=True)
+
+
 def test_recommendation_prefers_threads_to_processes_within_3_percent() -> None:
     def point(t: int, kind: str, rate: float) -> fl.TunePoint:
         return fl.TunePoint(t, 2, 1, rate, 0.5, (rate,), workers=kind)

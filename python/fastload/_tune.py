@@ -608,8 +608,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
         prefetch: prefetch values (default: 2, 4, 8, 16, 32; 2, 8, 32 for a Python dataset;
             without those whose loader memory, (prefetch + 2) batches, would exceed 1 GiB).
         streams: copy streams per GPU (default 1, 2, 4 on a GPU; only 1 on the CPU).
-        workers: for a Python dataset, "threads" and/or "processes" (default: both on the CPU;
-            threads on a GPU, where processes are not built yet).
+        workers: for a Python dataset, "threads" and/or "processes" (default: both).
         device: where batches go, as for ``fl.Loader`` (default: a GPU if one is usable, else the CPU).
         seconds: measuring time per configuration and round (default: about 40 s spread over the
             grid, 0.25 to 1 s each, after a warm-up of a fifth of that).
@@ -652,7 +651,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     stream_grid = _grid_values("streams", streams, DEFAULT_STREAMS if gpu else (1,))
     if not gpu and stream_grid != [1]:
         raise ValueError(f"streams are copy streams per GPU; on {dev} only streams=1 applies, got {stream_grid}")
-    worker_grid = _worker_values(workers, python, gpu, dev)
+    worker_grid = _worker_values(workers, python)
     grid: list[Knobs] = [(t, p, s, w) for w in worker_grid for t in thread_grid for p in prefetch_grid
                          for s in stream_grid]
     # Every configuration must construct before any time is spent measuring. Worker processes
@@ -703,23 +702,20 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
                       defaults=_defaults(src, batch_size))
 
 
-def _worker_values(workers: Sequence[str] | str | None, python: bool, gpu: bool, device: Any) -> list[str | None]:
+def _worker_values(workers: Sequence[str] | str | None, python: bool) -> list[str | None]:
     """The workers axis: None for arrays (gathered natively, no workers); for a Python dataset
-    the kinds asked for, default threads and processes (threads only on a GPU)."""
+    the kinds asked for, default threads and processes (on the CPU and on a GPU alike)."""
     if not python:
         if workers is not None:
             raise ValueError(f"workers applies to Python datasets (__getitem__); this source is gathered natively by "
                              f"threads, got workers={workers!r}")
         return [None]
     if workers is None:
-        return ["threads"] if gpu else list(DEFAULT_WORKERS)
+        return list(DEFAULT_WORKERS)
     values = [workers] if isinstance(workers, str) else list(workers)
     bad = [w for w in values if w not in DEFAULT_WORKERS]
     if bad or not values:
         raise ValueError(f"workers must hold 'threads' and/or 'processes', got {workers!r}")
-    if gpu and "processes" in values:
-        raise ValueError(f"workers='processes' with a CUDA device ({device}) is not built yet: tune threads, or pass "
-                         "device='cpu'")
     return sorted(set(values), key=DEFAULT_WORKERS.index)
 
 
@@ -827,7 +823,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="num_threads values (num_workers for a Python dataset; default: 1,2,4,... up to the "
                              f"usable CPUs, and their count: {','.join(map(str, default_threads()))} here)")
     parser.add_argument("--workers", type=_workers, default=None, metavar="KIND[,KIND]",
-                        help="for a Python dataset: threads and/or processes (default: both on the CPU)")
+                        help="for a Python dataset: threads and/or processes (default: both)")
     parser.add_argument("--prefetch", type=int_list, default=None, metavar="P,P,...",
                         help="prefetch values (default: " + ",".join(map(str, DEFAULT_PREFETCH)) + "; " +
                              ",".join(map(str, DEFAULT_PREFETCH_PYTHON)) + " for a Python dataset; without those "
