@@ -375,6 +375,17 @@ def test_fl_tune_takes_a_dataset_object_or_a_module_class_and_its_args_build_a_l
                 progress=False)
 
 
+def test_a_measurement_reads_the_whole_source_also_under_a_launchers_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every batch counts min(batch_size, len(source)) samples: true of one loader over the whole
+    # source, not of rank 1 of 2 (5 of these 10 samples: no full batch of 8 at all).
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    source = fl.Dataset({"x": np.arange(20, dtype=np.float32).reshape(10, 2)})
+    for batch_size in (8, 16):  # full batches (the short last one dropped); one short batch per epoch
+        rate, wait_share, _ = _tune._measure(source, batch_size, torch.device("cpu"), (1, 2, 1, None), 0.01, 0.05, 0)
+        assert rate > 0 and 0 <= wait_share <= 1
+
+
 def test_the_workers_axis_is_threads_and_processes_by_default_on_any_device() -> None:
     # Worker processes feed a GPU too (registered shared memory): no device narrows the default.
     assert _tune._worker_values(None, python=True) == ["threads", "processes"]

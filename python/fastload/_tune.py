@@ -475,8 +475,11 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
     loader, pulled as fast as it hands out batches for `seconds` after `warmup`, across epochs as
     a training loop would. The warm-up starts after the first batch: worker processes start (spawn,
     import, unpickle the dataset) at the first iter(), and that is not what is measured."""
+    # One loader over the whole source (rank 0 of 1, also under torchrun), dropping the epoch's
+    # short last batch unless it is the only one: every batch holds `rows` samples.
+    rows = min(batch_size, len(source))
     loader = _loader(source, batch_size, device, knobs, shuffle=shuffle, seed=seed,
-                     drop_last=len(source) >= batch_size)
+                     drop_last=len(source) >= batch_size, rank=0, world_size=1)
     on_cuda = device.type == "cuda"
     clock = time.perf_counter
     try:
@@ -499,12 +502,12 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
         end = start + seconds
         while True:
             try:
-                batch = next(it)
+                batch = next(it)  # held until the next one arrives, as a training loop holds it
             except StopIteration:
                 wait += loader.stats().wait_s
                 it = iter(loader)
                 continue
-            samples += _rows(batch)
+            samples += rows
             if clock() >= end:
                 break
         del batch
@@ -520,24 +523,6 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
         # /proc/stat counts in 10 ms ticks: clamp the small negative noise of a quiet machine.
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
     return samples / wall, min(1.0, max(0.0, wait / wall)), others
-
-
-def _rows(batch: Any) -> int:
-    """Samples in a batch: a dict of tensors (arrays), or a Python dataset's structure (its first
-    tensor leaf; a batch without one counts its first list)."""
-    stack = [batch]
-    first_list = None
-    while stack:
-        node = stack.pop(0)
-        if isinstance(node, torch.Tensor):
-            return int(node.shape[0])
-        if isinstance(node, Mapping):
-            stack.extend(node.values())
-        elif isinstance(node, (tuple, list)):
-            if isinstance(node, list) and first_list is None:
-                first_list = len(node)
-            stack.extend(node)
-    return first_list or 0
 
 
 class _NoStallHint(logging.Filter):
