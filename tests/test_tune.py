@@ -176,6 +176,17 @@ def test_tune_checks_its_arguments() -> None:
         fl.tune(x, batch_size=4, seconds=float("nan"))
     with pytest.raises(TypeError, match="source"):
         fl.tune({1, 2, 3}, batch_size=4)
+    import tune_datasets
+
+    # Objects are read as fl.Loader reads them (fastload._source.as_source), refusals included.
+    with pytest.raises(TypeError, match=r"Stream: source is a torch IterableDataset \(Stream\)"):
+        fl.tune(tune_datasets.Stream(), batch_size=4)
+    with pytest.raises(TypeError, match="got the class Points itself"):
+        fl.tune(tune_datasets.Points, batch_size=4)
+    with pytest.raises(ValueError, match="Empty: dataset is empty"):
+        fl.tune(tune_datasets.Empty(), batch_size=4)
+    with pytest.raises(ValueError, match="window and dtype apply to a path or an array, not to a Dataset or Windows"):
+        fl.tune(fl.Dataset({"x": x}), batch_size=4, window=4)
 
 
 def test_recommendation_prefers_fewer_threads_then_smaller_prefetch_within_3_percent() -> None:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ._cli import ProgressLine, check_device, int_list, positive_float, positive_int
-from ._dataset_spec import check_map_style, is_spec, load_dataset, parse_arguments
-from ._source import Source, batch_bytes_of
+from ._dataset_spec import is_spec, load_dataset, parse_arguments
+from ._source import Source, as_source, batch_bytes_of
 from ._dataset import Dataset, Windows
 from ._loader import Loader
 from ._python_source import PythonSource
@@ -379,11 +379,6 @@ def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: 
     spec = isinstance(source, str) and not os.path.exists(source) and is_spec(source)
     if dataset_args is not None and not spec:
         raise ValueError(f"dataset_args apply to a 'module:Class' source, not to {source!r}")
-    if isinstance(source, Source):
-        if window is not None or dtype is not None:
-            raise ValueError("window and dtype apply to a path or an array, not to a Dataset or Windows")
-        name = type(source.dataset).__name__ if isinstance(source, PythonSource) else type(source).__name__
-        return source, name
     if isinstance(source, np.ndarray):
         if dtype is not None:
             raise ValueError("dtype applies to a token file path; an array carries its dtype")
@@ -392,7 +387,8 @@ def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: 
         return Windows(source, length=window[0], stride=window[1]), "array"
     if spec or not isinstance(source, (str, os.PathLike)):
         if window is not None or dtype is not None:
-            raise ValueError("window and dtype apply to a path or an array, not to a Python dataset")
+            what = "a Dataset or Windows" if isinstance(source, Source) else "a Python dataset"
+            raise ValueError(f"window and dtype apply to a path or an array, not to {what}")
         if spec:
             if isinstance(dataset_args, Mapping):
                 args, kwargs = [], dict(dataset_args)
@@ -400,15 +396,10 @@ def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: 
                 args, kwargs = list(dataset_args or []), {}
             dataset, name = load_dataset(source, args, kwargs), source
         else:
-            if isinstance(source, (str, bytes, set, frozenset)) or not hasattr(source, "__getitem__"):
-                raise TypeError("source must be a path, a numpy array, a fastload source, 'module:Class' or a "
-                                f"map-style dataset (__len__ and __getitem__), got {type(source).__name__}")
-            dataset, name = source, type(source).__name__
-            check_map_style(dataset, name)
-        if isinstance(dataset, Source):  # a factory may return fl.Dataset or fl.Windows
-            return dataset, name
-        try:
-            return PythonSource(dataset, seed=seed), name
+            dataset = source
+            name = type(source.dataset if isinstance(source, PythonSource) else source).__name__
+        try:  # what the Loader reads, as the Loader makes it (a factory may return fl.Dataset or fl.Windows)
+            return as_source(dataset, seed=seed), name
         except (TypeError, ValueError) as e:
             raise type(e)(f"{name}: {e}") from None
         except Exception as e:  # noqa: BLE001 - the dataset's own __getitem__(0)
