@@ -405,6 +405,12 @@ def test_the_workers_axis_is_threads_and_processes_by_default_on_any_device() ->
     assert _tune._worker_values(None, python=False) == [None]
     with pytest.raises(ValueError, match="workers must hold 'threads' and/or 'processes'"):
         _tune._worker_values([], python=True)
+    # --workers parses to the same values, and refuses what fl.tune refuses in the option's words.
+    import argparse
+    assert _tune._workers("processes, threads,processes") == ["threads", "processes"]
+    for bad in ("fibers", "threads,fibers", ",", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected threads, processes or threads,processes"):
+            _tune._workers(bad)
 
 
 def test_recommendation_prefers_threads_to_processes_within_3_percent() -> None:

@@ -761,12 +761,12 @@ def _json_arguments(text: str) -> list[Any] | dict[str, Any]:
     return kwargs if kwargs or not args else args
 
 
-def _workers(text: str) -> list[str]:
+def _workers(text: str) -> list[str | None]:
     import argparse
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in DEFAULT_WORKERS for v in values):
-        raise argparse.ArgumentTypeError(f"expected threads, processes or threads,processes, got {text!r}")
-    return sorted(set(values), key=DEFAULT_WORKERS.index)
+    try:  # fl.tune's own check, in the command line's words
+        return _worker_values([x.strip() for x in text.split(",") if x.strip()], python=True)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected threads, processes or threads,processes, got {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
