@@ -36,12 +36,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_loader import _pid_seconds  # noqa: E402 - CPU seconds of one process
+from bench_loader import CpuMeter, wait_for_quiet  # noqa: E402 - the CPU accounting both benchmarks share
 
 DATA = HERE / "data"
 WORKERS = 2
 PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
 # Other processes using more than this many cores during a measurement make it "contended".
 CONTENDED = 0.3
 # The bars (issue 15): fastload's column / DataLoader's, median over the rounds.
@@ -334,13 +333,6 @@ def alternatives(w: Workload) -> list[Alternative]:
 
 
 # ----------------------------------------------------------------------------- measuring
-def _machine_busy_ticks() -> int:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:8]]
-    user, nice, system, _idle, _iowait, irq, softirq = v
-    return user + nice + system + irq + softirq
-
-
 def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = collections.defaultdict(list)
     for entry in os.listdir("/proc"):
@@ -387,15 +379,11 @@ def _rss(pid: int) -> int:
 
 
 class TreeMeter:
-    """Over a measurement: CPU seconds of this process and its descendants, the peak of the sum
-    of their RSS (sampled every 50 ms by a thread that sleeps in between), and the CPU every
-    other process on the machine used."""
+    """Over a measurement: the peak of the sum of the RSS of this process and its descendants,
+    sampled every 50 ms by a thread that sleeps in between."""
 
-    def __init__(self) -> None:
-        self.pids = process_tree()
-        self.wall = time.perf_counter()
-        self.own = time.process_time() + sum(_pid_seconds(p) for p in self.pids if p != os.getpid())
-        self.busy = _machine_busy_ticks()
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -407,14 +395,10 @@ class TreeMeter:
             if self._stop.wait(0.05):
                 return
 
-    def stop(self) -> dict:
-        wall = time.perf_counter() - self.wall
-        own = time.process_time() + sum(_pid_seconds(p) for p in self.pids if p != os.getpid()) - self.own
-        machine = (_machine_busy_ticks() - self.busy) / TICK
+    def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        # /proc/stat counts 10 ms ticks: clamp the small negative noise of a quiet machine.
-        return {"wall": wall, "cpu_s": own, "other_cores": max(0.0, machine - own) / wall, "peak_rss": self.peak}
+        return self.peak
 
 
 @dataclass
@@ -426,20 +410,12 @@ class Result:
     error: str = ""
 
 
-def wait_for_quiet(max_wait: float, threshold: float = 0.2, window: float = 0.5) -> None:
-    """Waits until the rest of the machine used under `threshold` cores over `window` seconds, for
-    at most `max_wait` seconds: on a shared machine this keeps more measurements clear of other
-    people's builds and tests (the table still says which rounds were contended)."""
-    end = time.perf_counter() + max_wait
-    while time.perf_counter() < end:
-        busy, own = _machine_busy_ticks(), time.process_time()
-        time.sleep(window)
-        if ((_machine_busy_ticks() - busy) / TICK - (time.process_time() - own)) / window < threshold:
-            return
-
-
 def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float, max_wait: float = 0.0) -> Result:
     before = set(process_tree())
+    # Before the alternative starts: while it runs, its prefetch queue would refill during the
+    # wait, and its worker processes' CPU would count as other processes'.
+    if max_wait > 0:  # bench_loader's wait samples the machine at least once, even with nothing to wait for
+        wait_for_quiet(max_wait)
     running = alt.start(ds, batch)
     try:
         it = running.batches
@@ -447,8 +423,8 @@ def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float
         end = time.perf_counter() + warmup
         while time.perf_counter() < end:
             next(it)
-        wait_for_quiet(max_wait)
-        meter = TreeMeter()  # after the warm-up: every worker process exists now
+        pids = process_tree()  # after the warm-up: every worker process exists now
+        cpu, rss = CpuMeter(p for p in pids if p != os.getpid()), TreeMeter(pids)
         done = 0
         end = time.perf_counter() + seconds
         while True:
@@ -456,7 +432,7 @@ def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float
             done += 1
             if time.perf_counter() >= end:
                 break
-        m = meter.stop()
+        m, peak = cpu.stop(), rss.stop()
     finally:
         running.close()
         left: set[int] = set()
@@ -468,7 +444,7 @@ def measure(alt: Alternative, ds: Any, batch: int, warmup: float, seconds: float
         if left:
             print(f"  note: {alt.name} left {len(left)} process(es) running after close: {sorted(left)}", flush=True)
     samples = done * batch
-    return Result(samples / m["wall"], m["cpu_s"] / samples * 1e6, m["peak_rss"], m["other_cores"])
+    return Result(samples / m["wall"], m["own_cpu_s"] / samples * 1e6, peak, m["other_cores"])
 
 
 @dataclass

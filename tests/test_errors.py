@@ -73,6 +73,36 @@ def test_loader_rejects_a_non_source():
         fl.Loader(3, batch_size=2)
 
 
+class _IndexedStream(torch.utils.data.IterableDataset):
+    """An IterableDataset that also has __len__ and __getitem__: still only promises iteration."""
+
+    def __iter__(self):
+        yield from range(10)
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class _Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> int:
+        return i * i
+
+
+def test_loader_refuses_a_torch_iterable_dataset_and_a_dataset_class_by_name():
+    with pytest.raises(TypeError, match=r"source is a torch IterableDataset \(_IndexedStream\); fastload reads "
+                                        r"map-style datasets by index .*torch.utils.data.Dataset"):
+        fl.Loader(_IndexedStream(), batch_size=2)
+    with pytest.raises(TypeError, match="got the class _Squares itself: construct it first"):
+        fl.Loader(_Squares, batch_size=2)
+    assert [int(v) for v in next(iter(fl.Loader(_Squares(), batch_size=4, device="cpu")))] == [0, 1, 4, 9]
+
+
 @pytest.mark.parametrize("args,kwargs,exc,match", [
     ((np.arange(10, dtype=np.uint16),), dict(length=11), ValueError, r"length must be at most the number of tokens \(10\), got 11"),
     ((np.arange(10, dtype=np.uint16),), dict(length=0), ValueError, "length must be positive, got 0"),

@@ -399,3 +399,17 @@ def test_more_files_than_vm_max_map_count_under_a_descriptor_limit_of_1024(tmp_p
     kind_name, peak, limit = proc.stdout.split()
     assert kind_name in ("_LazyShards", "TokenFiles")
     assert int(peak) < int(limit) // 2  # the mappings stayed well under the limit
+
+
+def test_the_mapping_limit_hint_says_the_mappings_in_use_and_the_limit(monkeypatch):
+    from fastload import _mapping
+
+    monkeypatch.setattr(_mapping, "_max_map_count", lambda: 65530)
+    monkeypatch.setattr(_mapping, "_mappings_in_use", lambda: 65529)
+    assert _mapping.mapping_limit_hint().startswith("this process holds 65529 memory mappings and the system allows "
+                                                    "65530 (vm.max_map_count)")
+    for missing in ("_max_map_count", "_mappings_in_use"):  # not Linux, or /proc unreadable
+        with monkeypatch.context() as m:
+            m.setattr(_mapping, missing, lambda: None)
+            assert _mapping.mapping_limit_hint() == ("the process may have reached its limit of memory mappings "
+                                                     "(vm.max_map_count)")

@@ -176,6 +176,17 @@ def test_tune_checks_its_arguments() -> None:
         fl.tune(x, batch_size=4, seconds=float("nan"))
     with pytest.raises(TypeError, match="source"):
         fl.tune({1, 2, 3}, batch_size=4)
+    import tune_datasets
+
+    # Objects are read as fl.Loader reads them (fastload._source.as_source), refusals included.
+    with pytest.raises(TypeError, match=r"Stream: source is a torch IterableDataset \(Stream\)"):
+        fl.tune(tune_datasets.Stream(), batch_size=4)
+    with pytest.raises(TypeError, match="got the class Points itself"):
+        fl.tune(tune_datasets.Points, batch_size=4)
+    with pytest.raises(ValueError, match="Empty: dataset is empty"):
+        fl.tune(tune_datasets.Empty(), batch_size=4)
+    with pytest.raises(ValueError, match="window and dtype apply to a path or an array, not to a Dataset or Windows"):
+        fl.tune(fl.Dataset({"x": x}), batch_size=4, window=4)
 
 
 def test_recommendation_prefers_fewer_threads_then_smaller_prefetch_within_3_percent() -> None:
@@ -373,6 +384,33 @@ def test_fl_tune_takes_a_dataset_object_or_a_module_class_and_its_args_build_a_l
     with pytest.raises(TypeError, match="cannot be pickled"):
         fl.tune(tune_datasets.Unpicklable(), batch_size=8, threads=1, prefetch=2, seconds=0.05, repeats=1,
                 progress=False)
+
+
+def test_a_measurement_reads_the_whole_source_also_under_a_launchers_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every batch counts min(batch_size, len(source)) samples: true of one loader over the whole
+    # source, not of rank 1 of 2 (5 of these 10 samples: no full batch of 8 at all).
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    source = fl.Dataset({"x": np.arange(20, dtype=np.float32).reshape(10, 2)})
+    for batch_size in (8, 16):  # full batches (the short last one dropped); one short batch per epoch
+        rate, wait_share, _ = _tune._measure(source, batch_size, torch.device("cpu"), (1, 2, 1, None), 0.01, 0.05, 0)
+        assert rate > 0 and 0 <= wait_share <= 1
+
+
+def test_the_workers_axis_is_threads_and_processes_by_default_on_any_device() -> None:
+    # Worker processes feed a GPU too (registered shared memory): no device narrows the default.
+    assert _tune._worker_values(None, python=True) == ["threads", "processes"]
+    assert _tune._worker_values("processes", python=True) == ["processes"]
+    assert _tune._worker_values(["processes", "threads", "threads"], python=True) == ["threads", "processes"]
+    assert _tune._worker_values(None, python=False) == [None]
+    with pytest.raises(ValueError, match="workers must hold 'threads' and/or 'processes'"):
+        _tune._worker_values([], python=True)
+    # --workers parses to the same values, and refuses what fl.tune refuses in the option's words.
+    import argparse
+    assert _tune._workers("processes, threads,processes") == ["threads", "processes"]
+    for bad in ("fibers", "threads,fibers", ",", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected threads, processes or threads,processes"):
+            _tune._workers(bad)
 
 
 def test_recommendation_prefers_threads_to_processes_within_3_percent() -> None:

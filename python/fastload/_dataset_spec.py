@@ -92,17 +92,14 @@ def _is_factory(obj: Any) -> bool:
 
 def check_map_style(dataset: Any, what: str) -> None:
     """A map-style dataset (__len__ and __getitem__, not a torch IterableDataset) with samples,
-    or a fastload source; else a ValueError saying what `what` gave."""
-    from torch.utils.data import IterableDataset
-
-    from ._source import Source
+    or a fastload source; else a ValueError (TypeError for an IterableDataset) saying what `what`
+    gave."""
+    from ._source import Source, refuse_iterable_dataset
 
     if isinstance(dataset, Source):
         return
     kind = type(dataset).__name__
-    if isinstance(dataset, IterableDataset):
-        raise ValueError(f"{what} is a torch IterableDataset ({kind}); fastload reads map-style datasets "
-                         "(__len__ and __getitem__(i))")
+    refuse_iterable_dataset(dataset, what)
     if isinstance(dataset, type):
         raise ValueError(f"{what} is the class {dataset.__name__} itself, not a dataset")
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or isinstance(dataset, (str, bytes)):

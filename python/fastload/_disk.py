@@ -174,6 +174,12 @@ class _Column:
         self.files: list[Any] = []  # per shard: _File, or (values _File, offsets _File)
 
 
+def _cut_is_asked(col: _Column, cap: Any) -> bool:
+    """Whether `cap`, a column's max_length, is at or below its manifest's `longest`: then every
+    row it cuts is cut because the user asked (a max_length the Ragged refuses is not)."""
+    return cap is not None and not isinstance(cap, bool) and isinstance(cap, int) and 0 <= cap <= col.longest
+
+
 def _per_column(option: str, value: Any, name: str, names: list[str]) -> Any:
     if isinstance(value, Mapping):
         unknown = set(value) - set(names)
@@ -402,7 +408,7 @@ class DiskDataset:
         when the shards are first mapped, to rule that out; a max_length at or below `longest`
         makes every cut the user's and skips the read."""
         cap = self._max_length[col.name]
-        if cap is not None and not isinstance(cap, bool) and isinstance(cap, int) and 0 <= cap <= col.longest:
+        if _cut_is_asked(col, cap):
             return
         for (values, offsets_file), (_, o) in zip(col.files, arrays):
             steps = np.diff(o)
@@ -552,8 +558,7 @@ class _LazyShards:
             return base._replace(owner=self.table, address=0, rows=sum(shard_rows), pitch=0, shards=table,
                                  lazy=self.table.spec(ids[:, 0]))
         cap = max_length[col.name]
-        # As _check_longest: a max_length at or below `longest` makes every cut the user's.
-        cut_asked = cap is not None and not isinstance(cap, bool) and isinstance(cap, int) and 0 <= cap <= col.longest
+        cut_asked = _cut_is_asked(col, cap)  # as in _check_longest: no row is cut without a word
         template = Ragged._trusted([empty], [np.zeros(1, dtype=np.int64)], col.longest, pad[col.name], cap)
         items = [values.shape[0] for values, _ in col.files]
         lazy = self.table.spec(ids[:, 0], ids[:, 1], -1 if cut_asked else col.longest)

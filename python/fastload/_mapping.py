@@ -40,12 +40,8 @@ def map_file(path: str) -> Any:
 def mapping_limit_hint() -> str:
     """Why mmap said ENOMEM with memory to spare: each mapped file is one memory mapping, and
     Linux allows a process vm.max_map_count of them (65,530 by default)."""
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            limit = f.read().strip()
-        with open("/proc/self/maps") as f:
-            used = sum(1 for _ in f)
-    except OSError:
+    limit, used = _max_map_count(), _mappings_in_use()
+    if limit is None or used is None:
         return "the process may have reached its limit of memory mappings (vm.max_map_count)"
     return (f"this process holds {used} memory mappings and the system allows {limit} (vm.max_map_count); "
             "every shard file is one mapping: write fewer, larger shards, or raise the limit "

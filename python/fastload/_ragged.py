@@ -160,14 +160,10 @@ class Ragged:
         """A column of shards the collation threads map on demand (a dataset directory past the
         mapping budget): this Ragged's values only give the dtype and item shape; shard k has
         rows[k] rows over items[k] items, in the files `lazy` names."""
-        first = describe_array(name, self._values[0], what="ragged column values")
-        item_bytes = first.row_bytes
-        if item_bytes == 0:
-            raise ValueError(f"ragged column {name!r}: items of shape {first.row_shape} hold no bytes")
-        pad = _pad_bytes(f"ragged column {name!r}", self.pad, self._values[0])
+        spec = self._describe(name)  # dtype, item shape, slot and pad, checked as for an eager column
+        item_bytes = spec.ragged[0]
         table = tuple((0, r, item_bytes, 0, i) for r, i in zip(rows, items))
-        return ColumnSpec(name, owner, 0, sum(rows), 0, self.length * item_bytes, first.dl_code, first.bits,
-                          (self.length,) + first.row_shape, shards=table, ragged=(item_bytes, pad), lazy=lazy)
+        return spec._replace(owner=owner, rows=sum(rows), shards=table, lazy=lazy)
 
     def _arrays(self, name: str) -> list[tuple[str, Any, str]]:
         """(label, array, what) for every array the column reads: each shard's values and offsets."""

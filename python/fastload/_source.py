@@ -102,9 +102,22 @@ def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: 
     if hasattr(obj, "__array_interface__") or type(obj).__module__.startswith("torch") and hasattr(obj, "dim"):
         raise TypeError(f"source must be a dataset, got {kind}: an array is not a dataset: wrap it, "
                         "fl.Dataset({'x': x}) (rows are samples, gathered natively)")
+    if isinstance(obj, type):
+        raise TypeError(f"source must be a dataset object, got the class {obj.__name__} itself: construct it first")
+    refuse_iterable_dataset(obj)
     if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (str, bytes, Mapping)):
         from ._python_source import PythonSource  # noqa: PLC0415 - only Python datasets need it
 
         return PythonSource(obj, seed=seed, **options)
     raise TypeError(f"source must be a fastload source (fl.Dataset, fl.Windows, fl.Dataset.open(...)) or a map-style "
                     f"dataset (an object with __len__ and __getitem__), got {kind}")
+
+
+def refuse_iterable_dataset(obj: Any, what: str = "source") -> None:
+    """A torch IterableDataset promises iteration only: one that also defines __len__ and
+    __getitem__ is refused here, by name, rather than read by index and failing later."""
+    from torch.utils.data import IterableDataset  # noqa: PLC0415 - torch is loaded with fastload anyway
+
+    if isinstance(obj, IterableDataset):
+        raise TypeError(f"{what} is a torch IterableDataset ({type(obj).__name__}); fastload reads map-style datasets "
+                        "by index (__len__ and __getitem__(i)): derive it from torch.utils.data.Dataset instead")

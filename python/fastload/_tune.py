@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ._cli import ProgressLine, check_device, int_list, positive_float, positive_int
-from ._dataset_spec import check_map_style, is_spec, load_dataset, parse_arguments
-from ._source import Source, batch_bytes_of
+from ._dataset_spec import is_spec, load_dataset, parse_arguments
+from ._source import Source, as_source, batch_bytes_of
 from ._dataset import Dataset, Windows
 from ._loader import Loader
 from ._python_source import PythonSource
@@ -379,11 +379,6 @@ def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: 
     spec = isinstance(source, str) and not os.path.exists(source) and is_spec(source)
     if dataset_args is not None and not spec:
         raise ValueError(f"dataset_args apply to a 'module:Class' source, not to {source!r}")
-    if isinstance(source, Source):
-        if window is not None or dtype is not None:
-            raise ValueError("window and dtype apply to a path or an array, not to a Dataset or Windows")
-        name = type(source.dataset).__name__ if isinstance(source, PythonSource) else type(source).__name__
-        return source, name
     if isinstance(source, np.ndarray):
         if dtype is not None:
             raise ValueError("dtype applies to a token file path; an array carries its dtype")
@@ -392,7 +387,8 @@ def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: 
         return Windows(source, length=window[0], stride=window[1]), "array"
     if spec or not isinstance(source, (str, os.PathLike)):
         if window is not None or dtype is not None:
-            raise ValueError("window and dtype apply to a path or an array, not to a Python dataset")
+            what = "a Dataset or Windows" if isinstance(source, Source) else "a Python dataset"
+            raise ValueError(f"window and dtype apply to a path or an array, not to {what}")
         if spec:
             if isinstance(dataset_args, Mapping):
                 args, kwargs = [], dict(dataset_args)
@@ -400,15 +396,10 @@ def _as_source(source: SourceLike, window: int | tuple[int, int] | None, dtype: 
                 args, kwargs = list(dataset_args or []), {}
             dataset, name = load_dataset(source, args, kwargs), source
         else:
-            if isinstance(source, (str, bytes, set, frozenset)) or not hasattr(source, "__getitem__"):
-                raise TypeError("source must be a path, a numpy array, a fastload source, 'module:Class' or a "
-                                f"map-style dataset (__len__ and __getitem__), got {type(source).__name__}")
-            dataset, name = source, type(source).__name__
-            check_map_style(dataset, name)
-        if isinstance(dataset, Source):  # a factory may return fl.Dataset or fl.Windows
-            return dataset, name
-        try:
-            return PythonSource(dataset, seed=seed), name
+            dataset = source
+            name = type(source.dataset if isinstance(source, PythonSource) else source).__name__
+        try:  # what the Loader reads, as the Loader makes it (a factory may return fl.Dataset or fl.Windows)
+            return as_source(dataset, seed=seed), name
         except (TypeError, ValueError) as e:
             raise type(e)(f"{name}: {e}") from None
         except Exception as e:  # noqa: BLE001 - the dataset's own __getitem__(0)
@@ -475,8 +466,11 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
     loader, pulled as fast as it hands out batches for `seconds` after `warmup`, across epochs as
     a training loop would. The warm-up starts after the first batch: worker processes start (spawn,
     import, unpickle the dataset) at the first iter(), and that is not what is measured."""
+    # One loader over the whole source (rank 0 of 1, also under torchrun), dropping the epoch's
+    # short last batch unless it is the only one: every batch holds `rows` samples.
+    rows = min(batch_size, len(source))
     loader = _loader(source, batch_size, device, knobs, shuffle=shuffle, seed=seed,
-                     drop_last=len(source) >= batch_size)
+                     drop_last=len(source) >= batch_size, rank=0, world_size=1)
     on_cuda = device.type == "cuda"
     clock = time.perf_counter
     try:
@@ -499,12 +493,12 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
         end = start + seconds
         while True:
             try:
-                batch = next(it)
+                batch = next(it)  # held until the next one arrives, as a training loop holds it
             except StopIteration:
                 wait += loader.stats().wait_s
                 it = iter(loader)
                 continue
-            samples += _rows(batch)
+            samples += rows
             if clock() >= end:
                 break
         del batch
@@ -520,24 +514,6 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
         # /proc/stat counts in 10 ms ticks: clamp the small negative noise of a quiet machine.
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
     return samples / wall, min(1.0, max(0.0, wait / wall)), others
-
-
-def _rows(batch: Any) -> int:
-    """Samples in a batch: a dict of tensors (arrays), or a Python dataset's structure (its first
-    tensor leaf; a batch without one counts its first list)."""
-    stack = [batch]
-    first_list = None
-    while stack:
-        node = stack.pop(0)
-        if isinstance(node, torch.Tensor):
-            return int(node.shape[0])
-        if isinstance(node, Mapping):
-            stack.extend(node.values())
-        elif isinstance(node, (tuple, list)):
-            if isinstance(node, list) and first_list is None:
-                first_list = len(node)
-            stack.extend(node)
-    return first_list or 0
 
 
 class _NoStallHint(logging.Filter):
@@ -608,8 +584,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
         prefetch: prefetch values (default: 2, 4, 8, 16, 32; 2, 8, 32 for a Python dataset;
             without those whose loader memory, (prefetch + 2) batches, would exceed 1 GiB).
         streams: copy streams per GPU (default 1, 2, 4 on a GPU; only 1 on the CPU).
-        workers: for a Python dataset, "threads" and/or "processes" (default: both on the CPU;
-            threads on a GPU, where processes are not built yet).
+        workers: for a Python dataset, "threads" and/or "processes" (default: both).
         device: where batches go, as for ``fl.Loader`` (default: a GPU if one is usable, else the CPU).
         seconds: measuring time per configuration and round (default: about 40 s spread over the
             grid, 0.25 to 1 s each, after a warm-up of a fifth of that).
@@ -652,7 +627,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     stream_grid = _grid_values("streams", streams, DEFAULT_STREAMS if gpu else (1,))
     if not gpu and stream_grid != [1]:
         raise ValueError(f"streams are copy streams per GPU; on {dev} only streams=1 applies, got {stream_grid}")
-    worker_grid = _worker_values(workers, python, gpu, dev)
+    worker_grid = _worker_values(workers, python)
     grid: list[Knobs] = [(t, p, s, w) for w in worker_grid for t in thread_grid for p in prefetch_grid
                          for s in stream_grid]
     # Every configuration must construct before any time is spent measuring. Worker processes
@@ -703,23 +678,20 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
                       defaults=_defaults(src, batch_size))
 
 
-def _worker_values(workers: Sequence[str] | str | None, python: bool, gpu: bool, device: Any) -> list[str | None]:
+def _worker_values(workers: Sequence[str] | str | None, python: bool) -> list[str | None]:
     """The workers axis: None for arrays (gathered natively, no workers); for a Python dataset
-    the kinds asked for, default threads and processes (threads only on a GPU)."""
+    the kinds asked for, default threads and processes (on the CPU and on a GPU alike)."""
     if not python:
         if workers is not None:
             raise ValueError(f"workers applies to Python datasets (__getitem__); this source is gathered natively by "
                              f"threads, got workers={workers!r}")
         return [None]
     if workers is None:
-        return ["threads"] if gpu else list(DEFAULT_WORKERS)
+        return list(DEFAULT_WORKERS)
     values = [workers] if isinstance(workers, str) else list(workers)
     bad = [w for w in values if w not in DEFAULT_WORKERS]
     if bad or not values:
         raise ValueError(f"workers must hold 'threads' and/or 'processes', got {workers!r}")
-    if gpu and "processes" in values:
-        raise ValueError(f"workers='processes' with a CUDA device ({device}) is not built yet: tune threads, or pass "
-                         "device='cpu'")
     return sorted(set(values), key=DEFAULT_WORKERS.index)
 
 
@@ -789,12 +761,12 @@ def _json_arguments(text: str) -> list[Any] | dict[str, Any]:
     return kwargs if kwargs or not args else args
 
 
-def _workers(text: str) -> list[str]:
+def _workers(text: str) -> list[str | None]:
     import argparse
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in DEFAULT_WORKERS for v in values):
-        raise argparse.ArgumentTypeError(f"expected threads, processes or threads,processes, got {text!r}")
-    return sorted(set(values), key=DEFAULT_WORKERS.index)
+    try:  # fl.tune's own check, in the command line's words
+        return _worker_values([x.strip() for x in text.split(",") if x.strip()], python=True)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected threads, processes or threads,processes, got {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -827,7 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="num_threads values (num_workers for a Python dataset; default: 1,2,4,... up to the "
                              f"usable CPUs, and their count: {','.join(map(str, default_threads()))} here)")
     parser.add_argument("--workers", type=_workers, default=None, metavar="KIND[,KIND]",
-                        help="for a Python dataset: threads and/or processes (default: both on the CPU)")
+                        help="for a Python dataset: threads and/or processes (default: both)")
     parser.add_argument("--prefetch", type=int_list, default=None, metavar="P,P,...",
                         help="prefetch values (default: " + ",".join(map(str, DEFAULT_PREFETCH)) + "; " +
                              ",".join(map(str, DEFAULT_PREFETCH_PYTHON)) + " for a Python dataset; without those "
