@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import fastload as fl
-from fastload._dataset import _declare_shards
+from fastload._sources.arrays import _declare_shards
 
 HERE = Path(__file__).resolve().parent
 BAR = 3.0  # block >= 3x random (issue 8)

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import fastload as fl
+from fastload import _gpu_memory
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_cuda import build as fake_build  # noqa: E402
@@ -807,7 +808,18 @@ def memory_cap(driver):
     driver.fake_cuda_configure(b"total_memory", old)
 
 
-def test_memory_cached_by_another_allocator_is_released_and_the_loader_goes_on(driver, memory_cap, monkeypatch):
+@pytest.fixture
+def release_cache():
+    """Swaps the function next() calls to empty torch's cache, which fastload/__init__.py hands to
+    the native module (_C._register_hooks), for the test's; registers the real one again after."""
+    def use(function):
+        fl._C._register_hooks(sample_error=fl.SampleError, release_cache=function)
+
+    yield use
+    fl._C._register_hooks(sample_error=fl.SampleError, release_cache=_gpu_memory.release_cached)
+
+
+def test_memory_cached_by_another_allocator_is_released_and_the_loader_goes_on(driver, memory_cap, release_cache):
     # Another allocator (torch's cache) holds nearly all the memory: the first allocation fails,
     # the loop waits for a batch, and next() asks the other allocator to empty its cache (what
     # torch.cuda.empty_cache() does), after which the loader allocates and goes on.
@@ -817,7 +829,7 @@ def test_memory_cached_by_another_allocator_is_released_and_the_loader_goes_on(d
         released.append(device)
         driver.fake_cuda_configure(b"other_allocator_bytes", 0)
 
-    monkeypatch.setattr("fastload._gpu_memory.release_cached", release_cached)
+    release_cache(release_cached)
     x = np.arange(20_000, dtype=np.int64).reshape(2000, 10)
     memory_cap(0, other=64 << 20)
     loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2)
@@ -850,11 +862,11 @@ def test_out_of_memory_waits_for_a_release_instead_of_growing(driver, memory_cap
     assert loader._memory()["device_buffers"] == 2 * 5
 
 
-def test_out_of_memory_with_the_memory_held_by_the_loop_is_torchs_error(driver, memory_cap, monkeypatch):
+def test_out_of_memory_with_the_memory_held_by_the_loop_is_torchs_error(driver, memory_cap, release_cache):
     # The loop keeps every batch and the device fills up: nothing can come back, so next()
     # raises torch's OutOfMemoryError (after emptying torch's cache), saying what is held where.
     calls = []
-    monkeypatch.setattr("fastload._gpu_memory.release_cached", lambda device: calls.append(device))
+    release_cache(lambda device: calls.append(device))
     x = np.zeros((4000, 100), np.float32)
     memory_cap(10 * 100 * 400)
     loader = gpu_loader(fl.Dataset({"x": x}), 100, prefetch=2)

@@ -1,4 +1,4 @@
-"""Map-style Python datasets (fastload._python_source, csrc/bindings/py_source.cpp): every batch
+"""Map-style Python datasets (fastload._sources.python, csrc/bindings/py_source.cpp): every batch
 is compared with what the dataset itself returns for the loader's plan (the reference is the
 dataset read one sample at a time in plain Python), on the structures, dtypes and errors users
 meet, on any worker count, across ranks and resumes."""

@@ -8,7 +8,7 @@ import pytest
 
 import fastload as fl
 from fastload import _C
-from fastload._dataset import _declare_shards
+from fastload._sources.arrays import _declare_shards
 
 import shard_reference as R
 from reference import reference_batches

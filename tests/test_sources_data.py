@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fastload as fl
-from fastload._dataset import _declare_shards
+from fastload._sources.arrays import _declare_shards
 
 
 def read_all(source, **kw):

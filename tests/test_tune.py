@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fastload as fl
-from fastload import _tune
+from fastload.tools import tune as _tune
 
 # Tiny grids and short measurements: these tests check behaviour, not speed.
 FAST = ["--seconds", "0.05", "--repeats", "2", "--threads", "1,2", "--prefetch", "2,4"]
@@ -178,7 +178,7 @@ def test_tune_checks_its_arguments() -> None:
         fl.tune({1, 2, 3}, batch_size=4)
     import tune_datasets
 
-    # Objects are read as fl.Loader reads them (fastload._source.as_source), refusals included.
+    # Objects are read as fl.Loader reads them (fastload._sources.protocol.as_source), refusals included.
     with pytest.raises(TypeError, match=r"Stream: source is a torch IterableDataset \(Stream\)"):
         fl.tune(tune_datasets.Stream(), batch_size=4)
     with pytest.raises(TypeError, match="got the class Points itself"):

@@ -15,6 +15,7 @@
 #include "bindings/dlpack_export.h"
 #include "bindings/exit_parking.h"
 #include "bindings/gc_visible.h"
+#include "bindings/hooks.h"
 #include "bindings/process_workers.h"
 #include "bindings/py_source.h"
 #include "bindings/register.h"
@@ -248,7 +249,7 @@ class PyEngine {
           // torch's allocator does before it gives up, empty torch's cache (this thread may
           // take the GIL; the transfer thread may not).
           if (!transfer.cache_release_requested()) return;
-          py::module_::import("fastload._gpu_memory").attr("release_cached")(transfer.device());
+          hooks::release_cache()(transfer.device());
           transfer.cache_released();
         });
     if (!more) return py::none();

@@ -17,4 +17,5 @@ PYBIND11_MODULE(_C, m) {
   fastload::register_checksum(m);
   fastload::register_testing(m);
   fastload::register_file_mapping(m);
+  fastload::register_hooks(m);
 }

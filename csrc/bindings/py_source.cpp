@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "bindings/hooks.h"
 #include "bindings/process_workers.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
@@ -637,7 +638,7 @@ LeafKind kind_from(const std::string& s) {
 }  // namespace
 
 void set_sample_error(const SampleError& s, const std::string& what) {
-  py::object type = py::module_::import("fastload._python_source").attr("SampleError");
+  py::handle type = hooks::sample_error();
   std::string message = what;
   py::object cause = py::none();
   if (s.exception() && s.exception()->get()) cause = py::reinterpret_borrow<py::object>(s.exception()->get());

@@ -10,4 +10,5 @@ void register_python_source(pybind11::module_& m);  // py_source.cpp: PythonSour
 void register_loader(pybind11::module_& m);   // loader.cpp: Engine, Epoch, Iterator, exit parking
 void register_checksum(pybind11::module_& m); // checksum.cpp: Checksum64
 void register_testing(pybind11::module_& m);  // testing.cpp: test instruments (private names)
+void register_hooks(pybind11::module_& m);    // hooks.cpp: the Python objects the bindings call
 }  // namespace fastload

@@ -1,16 +1,20 @@
 """fastload: a data loader for PyTorch whose sampling, collation and transfers run in C++."""
-from ._dataset import Dataset, Windows
-from ._disk import DatasetError, DiskDataset
+from . import _C, _gpu_memory
 from ._loader import Loader, LoaderIterator
-from ._mix import Mix
-from ._python_source import PythonSource, SampleError, sample_rng
-from ._ragged import Ragged
-from ._source import Source
+from ._sources.arrays import Dataset, Windows
+from ._sources.directory import DatasetError, DiskDataset
+from ._sources.mix import Mix
+from ._sources.protocol import Source
+from ._sources.python import PythonSource, SampleError, sample_rng
+from ._sources.ragged import Ragged
+from ._sources.writer import DatasetWriter, write_dataset
 from ._state import STATE_VERSION
 from ._stats import LoaderStats, SourceStats, StageStats
 from ._streams import record_stream
-from ._tune import TunePoint, TuneResult, tune
-from ._writer import DatasetWriter, write_dataset
+from .tools.tune import TunePoint, TuneResult, tune
+
+# The Python objects the native module calls back into, handed over once (csrc/bindings/hooks.h).
+_C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_cached)
 
 __version__ = "0.1.0"
 __all__ = ["Dataset", "Windows", "Ragged", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",

@@ -5,9 +5,9 @@ import sys
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["tune"]:
-        from fastload._tune import main as tune_main
+        from fastload.tools.tune import main as tune_main
         return tune_main(argv[1:])
-    from fastload._demo import main
+    from fastload.tools._demo import main
     return main(argv)
 
 

@@ -15,10 +15,10 @@ from . import _C, _lifecycle
 from ._arguments import _as_int, check_batch_limits, check_loader_limits, memory_limit
 from ._environment import default_num_threads, resolve_device, resolve_rank
 from ._dataloader_args import refuse_dataloader_args
-from ._mix import Mix
-from ._python_source import PythonSource
-from ._workers import WorkerProcesses
-from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
+from ._sources.mix import Mix
+from ._sources.python import PythonSource
+from ._sources.workers import WorkerProcesses
+from ._sources.protocol import Source, as_source, batch_layout, check_fingerprint, fingerprint
 from ._state import check_state, check_stream_state, make_state, make_stream_state
 from ._stats import LoaderStats, SourceStats
 from ._stream import Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text

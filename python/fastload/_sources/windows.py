@@ -11,10 +11,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _C
-from ._arguments import INT64_MAX
-from ._columns import ColumnSpec, describe_array
-from ._mapping import LazyTable, array_of, describe_change, map_file, maps_lazily
+from .. import _C
+from .._arguments import INT64_MAX
+from .columns import ColumnSpec, describe_array
+from .mapping import LazyTable, array_of, describe_change, map_file, maps_lazily
 
 
 @dataclass

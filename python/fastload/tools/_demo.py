@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 import fastload as fl
-from fastload._cli import ProgressLine, check_device, positive_float, positive_int
+from fastload.tools._cli import ProgressLine, check_device, positive_float, positive_int
 
 _FILES = {"x": "demo_features.npy", "y": "demo_labels.npy"}
 _META = "demo_meta.json"

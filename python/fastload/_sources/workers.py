@@ -1,7 +1,7 @@
 """Worker processes for workers="processes": N spawned processes (spawn: fork from a threaded
 process can deadlock), persistent across epochs, each paired with one collation thread of the
 loader. The dataset is pickled once. Batches live in shared memory the main process owns
-(fastload._C.SharedMemory); see _process_worker.py for the worker's side."""
+(fastload._C.SharedMemory); see worker_process.py for the worker's side."""
 from __future__ import annotations
 
 import multiprocessing
@@ -12,7 +12,7 @@ import struct
 import time
 from typing import Any
 
-from . import _C
+from .. import _C
 
 # How long close() waits for workers to leave after their socket closed, then for a terminate.
 _JOIN_S = 2.0
@@ -53,7 +53,7 @@ class WorkerProcesses:
     def start(self) -> tuple[list[int], list[int]]:
         """Starts the workers (once); returns the main process's socket descriptors and their pids."""
         if not self._procs:
-            from ._process_worker import main
+            from .worker_process import main
 
             ctx = multiprocessing.get_context("spawn")
             for k in range(self._count):

@@ -4,7 +4,7 @@ described for the core, checked for changes since a Loader was built, and copied
 A description is (name, owner, address, rows, pitch, row_bytes, dlpack_code, bits, row_shape,
 shards, ragged): sample i is row_bytes bytes at address + i * pitch, and `owner` keeps that memory
 alive. A column of several arrays, or a ragged one, lists its pieces in `shards` instead (see
-_shards.py); `ragged` is () for fixed rows. A description is made from the live arrays each time
+shards.py); `ragged` is () for fixed rows. A description is made from the live arrays each time
 it is needed and never stored: an address copied from another object (a deepcopy, an unpickled
 Dataset) would point at memory that object no longer owns.
 """
@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from . import _C
-from ._arguments import INT64_MAX
+from .. import _C
+from .._arguments import INT64_MAX
 
 # DLPack type codes (the core only moves bytes; the code tells torch what they are).
 _DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX, _DL_BOOL = 0, 1, 2, 4, 5, 6

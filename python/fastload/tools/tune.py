@@ -21,10 +21,10 @@ import torch
 
 from ._cli import ProgressLine, check_device, int_list, positive_float, positive_int
 from ._dataset_spec import is_spec, load_dataset, parse_arguments
-from ._source import Source, as_source, batch_bytes_of
-from ._dataset import Dataset, Windows
-from ._loader import Loader
-from ._python_source import PythonSource
+from .._sources.protocol import Source, as_source, batch_bytes_of
+from .._sources.arrays import Dataset, Windows
+from .._loader import Loader
+from .._sources.python import PythonSource
 
 # A configuration within this share of the fastest counts as just as fast; among those the
 # recommendation takes the fewest threads, then the smallest prefetch (then the fewest streams).
@@ -265,7 +265,7 @@ def _usable_cpus() -> int:
 
 
 def _version() -> str:
-    from . import __version__
+    from .. import __version__
     return __version__
 
 
@@ -723,8 +723,8 @@ def recommend(rows: Sequence[TunePoint]) -> tuple[TunePoint, TunePoint]:
 
 def _defaults(src: Source, batch_size: int) -> dict[str, int]:
     """What fl.Loader(source, batch_size) picks by itself, for comparison with the grid."""
-    from ._environment import default_num_threads
-    from ._loader import default_prefetch
+    from .._environment import default_num_threads
+    from .._loader import default_prefetch
     threads = default_num_threads()
     return {"num_threads": threads, "prefetch": default_prefetch(batch_bytes_of(src, batch_size), threads)}
 

@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from . import _C
-from ._columns import _numpy_dl_code
-from ._ragged import _pad_bytes
+from .. import _C
+from .columns import _numpy_dl_code
+from .ragged import _pad_bytes
 
 __all__ = ["PythonSource", "SampleError", "sample_rng"]
 

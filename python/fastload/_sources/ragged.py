@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._columns import ColumnSpec, describe_array, reduce_column, restore_column
+from .columns import ColumnSpec, describe_array, reduce_column, restore_column
 
 
 def _pad_bytes(what: str, pad: Any, values: Any) -> bytes:

@@ -8,14 +8,14 @@ import copy
 import os
 from typing import Any, Mapping, Sequence
 
-from ._arguments import _as_int
-from ._columns import (RESERVED_NAMES, ColumnSpec, ColumnState, array_source, check_column_state, column_state,
+from .._arguments import _as_int
+from .columns import (RESERVED_NAMES, ColumnSpec, ColumnState, array_source, check_column_state, column_state,
                        dtype_name, reduce_column, restore_column)
-from ._shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
+from .shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
                       reduce_value, restore_value, stored_column)
-from ._source import declare_shards as _declare_shards  # noqa: F401 - tests declare shards through here
-from ._source import redeclare as _redeclare
-from ._windows import TokenFiles, describe_windows, map_token_files
+from .protocol import declare_shards as _declare_shards  # noqa: F401 - tests declare shards through here
+from .protocol import redeclare as _redeclare
+from .windows import TokenFiles, describe_windows, map_token_files
 
 __all__ = ["Dataset", "Windows", "_as_int"]
 
@@ -81,7 +81,7 @@ class Dataset:
             pad: the pad value of ragged columns (one for all, or a dict by column name).
             max_length: cap on a ragged row's length (one for all, or a dict by column name).
         """
-        from ._disk import open_dataset  # noqa: PLC0415 - _disk builds on the column modules this one uses
+        from .directory import open_dataset  # noqa: PLC0415 - directory builds on the column modules this one uses
 
         return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
 
@@ -240,7 +240,7 @@ class Windows:
             self._tokens.check()
             return [self._tokens]  # type: ignore[list-item]
         if self.files is not None:  # from_files: fastload's own mappings; one batched stat per check
-            from ._mapping import TruncationCheck  # noqa: PLC0415
+            from .mapping import TruncationCheck  # noqa: PLC0415
 
             check = TruncationCheck(self._arrays(), "tokens")
             check.check()

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from . import _C
-from ._arguments import _as_int
+from .. import _C
+from .._arguments import _as_int
 
 __all__ = ["Source", "declare_shards", "redeclare"]
 
@@ -106,7 +106,7 @@ def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: 
         raise TypeError(f"source must be a dataset object, got the class {obj.__name__} itself: construct it first")
     refuse_iterable_dataset(obj)
     if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (str, bytes, Mapping)):
-        from ._python_source import PythonSource  # noqa: PLC0415 - only Python datasets need it
+        from .python import PythonSource  # noqa: PLC0415 - only Python datasets need it
 
         return PythonSource(obj, seed=seed, **options)
     raise TypeError(f"source must be a fastload source (fl.Dataset, fl.Windows, fl.Dataset.open(...)) or a map-style "

@@ -94,7 +94,7 @@ def check_map_style(dataset: Any, what: str) -> None:
     """A map-style dataset (__len__ and __getitem__, not a torch IterableDataset) with samples,
     or a fastload source; else a ValueError (TypeError for an IterableDataset) saying what `what`
     gave."""
-    from ._source import Source, refuse_iterable_dataset
+    from .._sources.protocol import Source, refuse_iterable_dataset
 
     if isinstance(dataset, Source):
         return

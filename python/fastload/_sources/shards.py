@@ -8,8 +8,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from . import _C
-from ._columns import ColumnSpec, ColumnState, check_column_state, column_state, describe_array, reduce_column, restore_column
+from .. import _C
+from .columns import ColumnSpec, ColumnState, check_column_state, column_state, describe_array, reduce_column, restore_column
 
 # The shard table entry of a fixed-row shard: (address, rows, pitch, offsets_address, items).
 ShardEntry = tuple
@@ -46,7 +46,7 @@ def stored_column(value: Any) -> Any:
     """What a Dataset keeps of a column: the array itself, a list of arrays copied (the shard
     structure is fixed when the Dataset is built; the arrays are the user's), a ragged column as
     fastload.Ragged."""
-    from ._ragged import Ragged  # noqa: PLC0415 - _ragged imports this module
+    from .ragged import Ragged  # noqa: PLC0415 - ragged imports this module
 
     if isinstance(value, tuple) and len(value) == 2:
         return Ragged(*value)
@@ -58,7 +58,7 @@ def stored_column(value: Any) -> Any:
 def describe_column(name: str, value: Any) -> ColumnSpec:
     """A Dataset column: an array, a list of arrays (shards), or a ragged column
     (fastload.Ragged, or a (values, offsets) tuple), described from its live arrays."""
-    from ._ragged import Ragged  # noqa: PLC0415 - _ragged imports this module
+    from .ragged import Ragged  # noqa: PLC0415 - ragged imports this module
 
     value = stored_column(value)
     if isinstance(value, Ragged):
@@ -70,7 +70,7 @@ def describe_column(name: str, value: Any) -> ColumnSpec:
 
 def column_arrays(name: str, value: Any) -> list[tuple[str, Any, str]]:
     """(label, array, what) for every array a stored column reads, in a fixed order."""
-    from ._ragged import Ragged  # noqa: PLC0415
+    from .ragged import Ragged  # noqa: PLC0415
 
     if isinstance(value, Ragged):
         return value._arrays(name)
@@ -91,7 +91,7 @@ def check_column_states_of(columns: Sequence[tuple[str, Any]], states: Sequence[
 
 def reduce_value(value: Any) -> tuple:
     """A stored column as a picklable state: arrays by file or value (see reduce_column)."""
-    from ._ragged import Ragged  # noqa: PLC0415
+    from .ragged import Ragged  # noqa: PLC0415
 
     if isinstance(value, Ragged):
         return ("ragged", value._reduce_state())
@@ -101,7 +101,7 @@ def reduce_value(value: Any) -> tuple:
 
 
 def restore_value(state: tuple) -> Any:
-    from ._ragged import restore_ragged  # noqa: PLC0415
+    from .ragged import restore_ragged  # noqa: PLC0415
 
     kind, inner = state
     if kind == "ragged":

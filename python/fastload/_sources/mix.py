@@ -14,11 +14,11 @@ import numbers
 from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
-from . import _C
-from ._mix_quota import normalised
-from ._python_source import PythonSource, id_offset
-from ._source import Source
-from ._stream import StreamSources
+from .. import _C
+from .._mix_quota import normalised
+from .python import PythonSource, id_offset
+from .protocol import Source
+from .._stream import StreamSources
 
 __all__ = ["Mix"]
 
@@ -219,12 +219,12 @@ class Mix:
         return _C.MixSource([p.native_source() for p in self._parts])
 
     def fingerprint(self) -> Any:
-        from ._source import fingerprint  # noqa: PLC0415
+        from .protocol import fingerprint  # noqa: PLC0415
 
         return [fingerprint(p) for p in self._parts]
 
     def check_fingerprint(self, fps: Any) -> None:
-        from ._source import check_fingerprint  # noqa: PLC0415
+        from .protocol import check_fingerprint  # noqa: PLC0415
 
         for name, p, fp in zip(self._names, self._parts, fps):
             try:

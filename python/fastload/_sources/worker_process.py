@@ -54,7 +54,7 @@ def main(conn: Any, index: int) -> None:
     import torch
 
     torch.set_num_threads(1)  # as DataLoader workers: N workers must not each start N compute threads
-    from . import _C
+    from .. import _C
 
     sock = socket.socket(fileno=os.dup(conn.fileno()))
     try:

@@ -15,12 +15,12 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from . import _C
-from ._dataset import _as_int
-from ._disk import CHECKSUM, FORMAT, MANIFEST, VERSION
-from ._manifest import Bad, check_names
-from ._ragged import Ragged
-from ._replace import check_replaceable, clean_leftovers, publish, temporary_name
+from .. import _C
+from .arrays import _as_int
+from .directory import CHECKSUM, FORMAT, MANIFEST, VERSION
+from .manifest import Bad, check_names
+from .ragged import Ragged
+from .replace import check_replaceable, clean_leftovers, publish, temporary_name
 
 _SHARD_BYTES = 64 << 20  # default shard size when rows_per_shard is not given
 _BUFFER = 1 << 20

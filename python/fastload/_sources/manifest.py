@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._columns import RESERVED_NAMES
+from .columns import RESERVED_NAMES
 
 MANIFEST = "manifest.json"
 FORMAT = "fastload-dataset"

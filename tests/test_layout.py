@@ -1,0 +1,142 @@
+"""The package's shape: sources below the Loader, commands above it, no import cycle, and no C++
+file that imports a fastload module by name (the bindings receive the Python objects they call
+through _C._register_hooks)."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import fastload as fl
+
+PACKAGE = Path(fl.__file__).resolve().parent
+BINDINGS = Path(__file__).resolve().parents[1] / "csrc" / "bindings"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    """The fastload modules a file imports (`from . import x` counts x when x is a module)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("fastload"):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in MODULES else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("fastload"))
+    found.discard(name)
+    return {m for m in found if m in MODULES}
+
+
+FILES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+MODULES = set(FILES) | {"fastload._C"}
+
+
+def _graph(top_level_only: bool) -> dict[str, set[str]]:
+    return {m: _imports(p, top_level_only=top_level_only) for m, p in FILES.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_graph_reads_the_package():
+    graph = _graph(top_level_only=True)
+    assert "fastload._sources.protocol" in graph["fastload._loader"], graph["fastload._loader"]
+    assert "fastload._loader" in graph["fastload.tools.tune"], graph["fastload.tools.tune"]
+    assert "fastload._sources.columns" in graph["fastload._sources.ragged"], graph["fastload._sources.ragged"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_module_level_imports_have_no_cycle():
+    # Imports inside functions (made lazily, on first use) are left out: a module imported there
+    # is never half-initialised when it is used.
+    graph = _graph(top_level_only=True)
+    graph = {m: {n for n in deps if n != "fastload"} for m, deps in graph.items()}  # __init__ re-exports only
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+@pytest.mark.parametrize("below, above", [
+    ("fastload._sources", "fastload._loader"),
+    ("fastload._sources", "fastload.tools"),
+    ("fastload._sources", "fastload._state"),
+    ("fastload._sources", "fastload._stats"),
+    ("fastload._loader", "fastload.tools"),
+])
+def test_no_module_imports_upward(below, above):
+    graph = _graph(top_level_only=False)  # lazy imports included
+    upward = {m: sorted(n for n in deps if n == above or n.startswith(above + "."))
+              for m, deps in graph.items() if m == below or m.startswith(below + ".")}
+    assert not any(upward.values()), {m: deps for m, deps in upward.items() if deps}
+
+
+def test_bindings_import_no_fastload_module_by_name():
+    pattern = re.compile(r"""import\s*\(\s*"fastload""")
+    named = [f"{p.name}:{i}" for p in sorted(BINDINGS.glob("*.*"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert BINDINGS.is_dir() and not named, named
+
+
+def test_hooks_are_registered_and_checked():
+    from fastload import _C, _gpu_memory
+
+    with pytest.raises(ValueError, match="sample_error must be an exception class, got 3"):
+        _C._register_hooks(sample_error=3, release_cache=_gpu_memory.release_cached)
+    with pytest.raises(ValueError, match="release_cache must be callable, got 'no'"):
+        _C._register_hooks(sample_error=fl.SampleError, release_cache="no")
+    with pytest.raises(TypeError):
+        _C._register_hooks(fl.SampleError, _gpu_memory.release_cached)  # keywords only
+
+
+def test_a_failing_sample_raises_the_registered_class():
+    # SampleError reaches Python through the class fastload/__init__.py registered.
+    class Bad:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 5:
+                raise KeyError("sample five")
+            return {"x": i}
+
+    with pytest.raises(fl.SampleError) as info:
+        list(fl.Loader(Bad(), batch_size=4, num_threads=1))
+    assert isinstance(info.value.__cause__, KeyError), info.value.__cause__
