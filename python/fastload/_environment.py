@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ._arguments import MAX_THREADS, _as_int
-from ._machine import env_int, local_world_size, torch_gpus, usable_cpus  # noqa: F401 - re-exported
+from ._machine import env_int, local_world_size, torch_sees_gpu, usable_cpus  # noqa: F401 - re-exported
 
 
 def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple[int, int]:
@@ -58,14 +58,13 @@ def resolve_device(device: Any) -> torch.device:
     """Parses a device, with the GPU index resolved now and without initialising CUDA (see
     default_cuda_index): a Loader's `device` is the device its batches will be on."""
     if device is None:
-        gpus = torch_gpus()
-        if not gpus:
+        if not torch_sees_gpu():
             return torch.device("cpu")
         local_rank = env_int("LOCAL_RANK") or 0
-        if local_rank >= gpus:
+        if local_rank >= torch.cuda.device_count():
             raise ValueError(
                 f"device=None picks cuda:LOCAL_RANK, but LOCAL_RANK={local_rank} and only "
-                f"{gpus} CUDA device(s) are visible; pass device= explicitly")
+                f"{torch.cuda.device_count()} CUDA device(s) are visible; pass device= explicitly")
         return torch.device("cuda", local_rank)
     try:
         dev = torch.device(device)
@@ -88,12 +87,11 @@ def default_cuda_index() -> int:
       torch.cuda.set_device(LOCAL_RANK) will select (device=None picks it too);
     - else 0, PyTorch's current device until something selects another (also when PyTorch sees no
       GPU, as with the tests' stand-in driver: the first iter() then checks the index)."""
-    gpus = torch_gpus()
-    if not gpus:
+    if not torch_sees_gpu():
         return 0
     if torch.cuda.is_initialized():
         return torch.cuda.current_device()
     local_rank = env_int("LOCAL_RANK")
-    if local_rank is not None and 0 <= local_rank < gpus:
+    if local_rank is not None and 0 <= local_rank < torch.cuda.device_count():
         return local_rank
     return 0

@@ -17,7 +17,7 @@ from . import _C, _lifecycle
 from ._config import LoaderConfig, check_arguments, default_prefetch, python_options, resolve  # noqa: F401
 from ._dataloader_args import refuse_dataloader_args
 from ._environment import resolve_device
-from ._machine import torch_gpus
+from ._machine import torch_sees_gpu
 from ._mix import Mix
 from ._python_source import PythonSource
 from ._schedules import Schedule, make_schedule
@@ -233,7 +233,7 @@ class Loader:
         count = _C.cuda_device_count()  # loads the driver; RuntimeError says why it cannot
         if not 0 <= index < count:
             raise ValueError(f"device {device} does not exist: the CUDA driver sees {count} device(s)")
-        if not (self._raw_device_batches or self._standin_tensors) and not torch_gpus():
+        if not (self._raw_device_batches or self._standin_tensors) and not torch_sees_gpu():
             raise RuntimeError(
                 f"fastload's CUDA driver sees {count} device(s) but PyTorch sees none, so batches could "
                 "not become torch tensors; is this PyTorch a CPU-only build?")

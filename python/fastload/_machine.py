@@ -23,10 +23,9 @@ def env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
-def torch_gpus() -> int:
-    """The GPUs PyTorch can use (0 without CUDA), asked without initialising CUDA: the one place
-    fastload asks PyTorch whether it sees a GPU."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+def torch_sees_gpu() -> bool:
+    """Whether PyTorch can use a GPU, asked without initialising CUDA: the one place fastload asks."""
+    return torch.cuda.is_available()
 
 
 def usable_cpus() -> int:
@@ -56,7 +55,7 @@ def local_world_size() -> int:
     if world and nodes:
         share = -(-world // nodes)
     else:
-        gpus = torch_gpus()
+        gpus = torch.cuda.device_count() if torch_sees_gpu() else 0
         share = min(world, gpus) if world and gpus else (gpus or world or 1)
     return max(share, local_rank + 1)
 
