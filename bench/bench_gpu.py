@@ -243,7 +243,7 @@ def fastload_delivered(mm: np.ndarray, batch_bytes: int, streams: int | None, de
     import fastload as fl
 
     rows = batch_bytes // ROW_BYTES
-    kw = {} if streams is None else {"streams": streams}
+    kw = {} if streams is None else {"copy_streams": streams}
     loader = fl.Loader(fl.Dataset({"x": mm}), batch_size=rows, shuffle=True, seed=0, drop_last=True,
                        device=device, **kw)
     cuda = torch.device(device).type == "cuda"
@@ -275,7 +275,7 @@ def warmup_batches(loader: Any) -> int:
     pools grow on first use (cuMemHostAlloc of a 64 MiB slot takes tens of ms), and with 16
     threads a 64 MiB loader holds over a GB; a time-only warm-up would time that growth."""
     stats = loader.stats()
-    return 2 * (stats.prefetch + stats.streams)
+    return 2 * (stats.prefetch + stats.copy_streams)
 
 
 # ----------------------------------------------------------------------------- (c) training step
@@ -438,7 +438,7 @@ def feeder_step(name: str, path: Path, mm: np.ndarray, rows: int, compute: Compu
     if name == "fastload":
         import fastload as fl
 
-        kw = {} if streams is None else {"streams": streams}
+        kw = {} if streams is None else {"copy_streams": streams}
         loader = fl.Loader(fl.Dataset({"x": mm}), batch_size=rows, shuffle=True, seed=0, drop_last=True,
                            device=device, **kw)
         try:

@@ -87,7 +87,7 @@ def test_device_values_equal_numpy(driver, dtype, row_shape):
     rng = np.random.default_rng(7)
     x = (rng.integers(0, 100, (501,) + row_shape) % (2 if dtype is np.bool_ else 100)).astype(dtype)
     y = np.arange(501, dtype=np.int64)
-    loader = gpu_loader(fl.Dataset({"x": x, "y": y}), 64, shuffle=True, seed=3, with_index=True, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": x, "y": y}), 64, shuffle=True, seed=3, with_index=True, copy_streams=2)
     seen = []
     for batch in loader:
         ids = read(batch["index"], np.int64)
@@ -121,7 +121,7 @@ def test_a_mix_on_the_device_is_the_cpu_mix(driver):
     kw = dict(shuffle=True, seed=4, with_index=True, steps=25, prefetch=3)
     cpu = fl.Loader(mix, 10, device="cpu", **kw)
     cpu_its = cpu.split(["cpu", "cpu"])
-    gpu = gpu_loader(mix, 10, streams=2, **kw)
+    gpu = gpu_loader(mix, 10, copy_streams=2, **kw)
     gpu_its = gpu.split(["cuda:0", "cuda:0"])
     for d in range(2):
         n = 0
@@ -140,7 +140,7 @@ def test_the_order_is_the_cpu_order(driver):
     x = np.arange(1000)
     kw = dict(shuffle=True, seed=11, with_index=True, prefetch=3)
     cpu = [b["index"].numpy() for b in fl.Loader(fl.Dataset({"x": x}), 50, device="cpu", **kw)]
-    gpu = [read(b["index"], np.int64) for b in gpu_loader(fl.Dataset({"x": x}), 50, streams=3, **kw)]
+    gpu = [read(b["index"], np.int64) for b in gpu_loader(fl.Dataset({"x": x}), 50, copy_streams=3, **kw)]
     assert len(cpu) == len(gpu)
     for a, b in zip(cpu, gpu):
         np.testing.assert_array_equal(a, b)
@@ -149,7 +149,7 @@ def test_the_order_is_the_cpu_order(driver):
 def test_slots_and_device_buffers_are_recycled_and_bounded(driver):
     x = np.random.default_rng(0).standard_normal((4000, 256)).astype(np.float32)
     prefetch, streams = 3, 2
-    loader = gpu_loader(fl.Dataset({"x": x}), 100, shuffle=True, prefetch=prefetch, streams=streams)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, shuffle=True, prefetch=prefetch, copy_streams=streams)
     for _ in range(3):
         for batch in loader:
             del batch
@@ -202,7 +202,7 @@ def test_shutdown_while_copies_are_in_flight(driver, how):
     driver.fake_cuda_configure(b"max_delay_us", 2000)  # copies still queued when we stop
     try:
         x = np.ones((5000, 512), np.float32)
-        loader = gpu_loader(fl.Dataset({"x": x}), 64, prefetch=6, streams=3)
+        loader = gpu_loader(fl.Dataset({"x": x}), 64, prefetch=6, copy_streams=3)
         it = iter(loader)
         first = next(it)
         if how == "del":
@@ -237,7 +237,7 @@ def test_a_collation_error_surfaces_from_next_on_a_gpu_output(driver):
 
 def test_split_onto_two_devices_from_two_threads(driver):
     x = np.arange(20_000, dtype=np.int64)
-    loader = gpu_loader(fl.Dataset({"x": x}), 32, shuffle=True, with_index=True, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": x}), 32, shuffle=True, with_index=True, copy_streams=2)
     its = loader.split(["cuda:0", "cuda:1"])
     got: dict[int, list] = {0: [], 1: []}
 
@@ -287,7 +287,7 @@ def test_each_misuse_detector_catches_a_deliberately_wrong_engine(fake, misuse, 
     fake.fake_cuda_configure(b"max_delay_us", 3000)
     try:
         x = np.arange(40_000, dtype=np.int64).reshape(4000, 10)
-        loader = gpu_loader(fl.Dataset({"x": x}), 100, prefetch=4, streams=2)
+        loader = gpu_loader(fl.Dataset({"x": x}), 100, prefetch=4, copy_streams=2)
         loader._engine._set_misuse(misuse)
         for _ in range(2):
             for batch in loader:
@@ -366,7 +366,7 @@ def test_interpreter_exit_with_copies_in_flight(fake):
     r = _run_child("""
         import numpy as np, fastload as fl, threading
         loader = fl.Loader(fl.Dataset({"x": np.ones((20000, 256), np.float32)}), 256, device="cuda:0",
-                           prefetch=8, streams=4)
+                           prefetch=8, copy_streams=4)
         loader._raw_device_batches = True
         it = iter(loader)
         kept = [next(it) for _ in range(3)]
@@ -385,7 +385,7 @@ def test_a_busy_consumer_stream_is_respected(driver):
     driver.fake_cuda_configure(b"max_delay_us", 1000)
     try:
         x = np.arange(60_000, dtype=np.int64).reshape(6000, 10)
-        loader = gpu_loader(fl.Dataset({"x": x, "y": np.arange(6000)}), 100, prefetch=3, streams=2, shuffle=True)
+        loader = gpu_loader(fl.Dataset({"x": x, "y": np.arange(6000)}), 100, prefetch=3, copy_streams=2, shuffle=True)
         for _ in range(2):
             for batch in loader:
                 batch["x"].touch()
@@ -416,7 +416,7 @@ def test_dataset_directory_with_a_ragged_column_on_the_device(driver, tmp_path):
     rows = [rng.integers(0, 1000, int(rng.integers(0, 12))).astype(np.int32) for _ in range(700)]
     x = rng.standard_normal((700, 3)).astype(np.float32)
     fl.write_dataset(tmp_path / "d", {"x": x, "r": rows}, rows_per_shard=128)
-    loader = gpu_loader(fl.Dataset.open(tmp_path / "d", pad=-1), 64, shuffle=True, with_index=True, streams=2)
+    loader = gpu_loader(fl.Dataset.open(tmp_path / "d", pad=-1), 64, shuffle=True, with_index=True, copy_streams=2)
     width = max(len(r) for r in rows)
     n = 0
     for batch in loader:
@@ -438,7 +438,7 @@ def test_the_stall_hint_names_streams_when_the_copies_are_the_bottleneck(driver,
     # each on one stream: the loop waits on the copies, and the hint must say so.
     driver.fake_cuda_configure(b"max_delay_us", 4000)
     try:
-        loader = gpu_loader(fl.Dataset({"x": np.zeros((1600, 4), np.float32)}), 4, streams=1, prefetch=8)
+        loader = gpu_loader(fl.Dataset({"x": np.zeros((1600, 4), np.float32)}), 4, copy_streams=1, prefetch=8)
         with caplog.at_level(logging.WARNING, logger="fastload"):
             for _batch in loader:
                 pass
@@ -450,7 +450,7 @@ def test_the_stall_hint_names_streams_when_the_copies_are_the_bottleneck(driver,
 
 
 def test_stats_count_the_copies_of_each_device(driver):
-    loader = gpu_loader(fl.Dataset({"x": np.zeros((1000, 64), np.float32)}), 50, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": np.zeros((1000, 64), np.float32)}), 50, copy_streams=2)
     its = loader.split(["cuda:0", "cuda:1"])
     for it in its:  # each to its end: a transfer thread records its last copies before End
         for _batch in it:
@@ -534,7 +534,7 @@ def test_a_users_graph_capture_is_never_broken_by_the_loader(driver):
     # captures a graph in global mode; then a second epoch starts (trimming the grown pools) inside
     # another capture. No call of fastload's, on any thread, may fail or invalidate the capture.
     x = np.arange(30_000, dtype=np.int64).reshape(3000, 10)
-    loader = gpu_loader(fl.Dataset({"x": x}), 50, shuffle=True, with_index=True, prefetch=3, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": x}), 50, shuffle=True, with_index=True, prefetch=3, copy_streams=2)
     capture = Capture(driver)
     for epoch in range(2):
         with capture:
@@ -559,7 +559,7 @@ def test_the_steady_state_makes_no_allocation_or_synchronising_call(driver):
     # allocation, free, page-locking or context/stream synchronisation, on any thread: nothing
     # that could stall the device or break a graph capture, and no per-batch cost but the copies.
     x = np.arange(40_000, dtype=np.float32).reshape(4000, 10)
-    loader = gpu_loader(fl.Dataset({"x": x, "y": np.arange(4000)}), 100, shuffle=True, prefetch=3, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": x, "y": np.arange(4000)}), 100, shuffle=True, prefetch=3, copy_streams=2)
 
     def epoch() -> int:
         # Two batches alive while the window refills, as in `for batch in loader` at the moment
@@ -605,7 +605,7 @@ def test_an_epoch_allocates_nothing_after_its_first_batch(driver, num_threads):
     x = np.arange(40_000, dtype=np.float32).reshape(4000, 10)
     prefetch, streams = 3, 2
     loader = gpu_loader(fl.Dataset({"x": x}), 100, shuffle=True, with_index=True, prefetch=prefetch,
-                        streams=streams, num_threads=num_threads)
+                        copy_streams=streams, num_threads=num_threads)
     names = ("cuMemHostAlloc", "cuMemAlloc", "cuMemFreeHost", "cuMemFree", "cuMemHostRegister", "implicit_syncs")
 
     def counts() -> dict:
@@ -647,7 +647,7 @@ def test_a_failed_release_record_never_lets_the_next_copy_skip_its_wait(driver):
     consumer = user.stream()
     driver.fake_cuda_configure(b"max_delay_us", 2000)
     x = np.arange(40_000, dtype=np.int64).reshape(4000, 10)
-    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2, streams=1)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2, copy_streams=1)
     loader._test_stream = consumer
     try:
         i = 0
@@ -693,7 +693,7 @@ def test_a_batch_used_on_a_side_stream_is_protected_by_record_stream(driver):
     user = User(driver)
     consumer, side = user.stream(), user.stream()
     x = np.arange(30_000, dtype=np.int64).reshape(3000, 10)
-    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": x}), 100, with_index=True, prefetch=2, copy_streams=2)
     loader._test_stream = consumer
     side_stream_epoch(driver, loader, user, side, record=True)
     user.synchronize(side)
@@ -767,7 +767,7 @@ def test_a_gpu_bound_loop_stays_bounded_and_the_hint_names_the_step(driver, capl
     user = User(driver)
     consumer = 0  # the legacy default stream: torch's current stream unless you choose another
     prefetch = 3
-    loader = gpu_loader(fl.Dataset({"x": np.zeros((4000, 64), np.float32)}), 8, prefetch=prefetch, streams=2)
+    loader = gpu_loader(fl.Dataset({"x": np.zeros((4000, 64), np.float32)}), 8, prefetch=prefetch, copy_streams=2)
     pending = 0
     with caplog.at_level(logging.WARNING, logger="fastload"):
         for batch in loader:
@@ -1002,7 +1002,7 @@ def test_a_faulting_kernel_is_one_clear_error_not_a_burst(fake):
         lib = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
         user = User(lib)
         loader = fl.Loader(fl.Dataset({"x": np.zeros((20000, 64), np.float32)}), 64, device="cuda:0",
-                           prefetch=4, streams=2)
+                           prefetch=4, copy_streams=2)
         loader._raw_device_batches = True
         kept = []
         try:

@@ -54,7 +54,7 @@ def test_dataset_rejects_non_mapping():
     (dict(world_size=2), ValueError, "rank and world_size must be given together"),
     (dict(prefetch=0), ValueError, "prefetch must be positive, got 0"),
     (dict(num_threads=0), ValueError, "num_threads must be positive, got 0"),
-    (dict(streams=0), ValueError, "streams must be positive, got 0"),
+    (dict(copy_streams=0), ValueError, "copy_streams must be positive, got 0"),
     (dict(shuffle="yes"), TypeError, "shuffle must be a bool, got 'yes'"),
     (dict(device="tpu"), ValueError, "device must be"),
 ])

@@ -227,7 +227,7 @@ def test_weights_changed_on_resume_continue_every_source_where_it_stopped():
     # Each source's samples, in order, are exactly its stream: its epochs one after another.
     stream = fl.Loader(fl.Mix({f"s{j}": make_mix([n])[0]._parts[0] for j, n in enumerate(lengths)}, [1, 1, 1]),
                        3, steps=1, shuffle=True, seed=3)
-    seeds = stream._runs.stream.sampler(stream._runs.stream.default_anchor(3), 3, 1, 0).seeds
+    seeds = stream._schedule.stream.sampler(stream._schedule.stream.default_anchor(3), 3, 1, 0).seeds
     offsets = [0, 13, 19]
     for j, n in enumerate(lengths):
         seq = ids[src == j] - offsets[j]
@@ -430,7 +430,7 @@ def test_stats_per_source_match_the_plan():
         src = np.searchsorted([0, 17, 22, 31], plan, side="right") - 1
         stats = loader.stats().sources
         assert [stats[f"s{j}"].samples for j in range(3)] == np.bincount(src, minlength=3).tolist()
-        sampler = loader._runs.stream.sampler(loader._run_anchor, 4 * world, 1, 0)
+        sampler = loader._schedule.stream.sampler(loader._schedule.run_anchor, 4 * world, 1, 0)
         positions = sampler.positions(7)
         assert [stats[f"s{j}"].position for j in range(3)] == positions
         assert [stats[f"s{j}"].epochs for j in range(3)] == [p // n for p, n in zip(positions, lengths)]

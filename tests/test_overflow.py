@@ -29,7 +29,7 @@ DS = fl.Dataset({"x": np.arange(10)})
     (dict(prefetch=2**64), ValueError, "prefetch must be at most 65536, got 18446744073709551616"),
     (dict(num_threads=2**31), ValueError, "num_threads must be at most 4096 .*got 2147483648"),
     (dict(num_threads=10**7), ValueError, "num_threads must be at most 4096 .*got 10000000"),
-    (dict(streams=2**31), ValueError, "streams must be at most 1024, got 2147483648"),
+    (dict(copy_streams=2**31), ValueError, "copy_streams must be at most 1024, got 2147483648"),
     (dict(rank=0, world_size=2**62), ValueError, "world_size must be at most 2\\*\\*40, got 4611686018427387904"),
     (dict(rank=5, world_size=2**41), ValueError, "world_size must be at most 2\\*\\*40, got 2199023255552"),
     (dict(batch_size=2**30, rank=0, world_size=2**11), ValueError,
@@ -260,7 +260,7 @@ def test_plan_is_exact_across_slices():
     # Slices of 2**20 ids cut batches in the middle: the result equals the batches themselves.
     ds = fl.Dataset({"x": np.broadcast_to(np.zeros(1, np.uint8), (3 * 2**20 + 17,))})
     loader = fl.Loader(ds, batch_size=100_003, shuffle=True, rank=1, world_size=3, even="pad", device="cpu")
-    sampler = loader._samplers(1)[0]
+    sampler = loader._schedule.samplers(1)[0]
     ref = np.concatenate([sampler.batch_ids(0, 0, s)[0] for s in range(len(loader))])
     assert np.array_equal(loader.plan(0), ref)
 

@@ -159,7 +159,7 @@ def loader_arguments(draw):
 
 
 def _sampler(loader):
-    return loader._samplers(1)[0]
+    return loader._schedule.samplers(1)[0]
 
 
 # ---------------------------------------------------------------------------- exact values
@@ -302,7 +302,7 @@ BAD = {
     "even": ["wrap", "", 0, None, "PAD"],
     "prefetch": [v for v in NOT_INTS if v is not None] + [0, -1, 65537, 2**31, 2**63],  # None: the default
     "num_threads": [1.5, "4", True, 0, -1, 4097, 2**31, 10**7, 2**64],
-    "streams": NOT_INTS + [0, -3, 1025, 2**31],
+    "copy_streams": NOT_INTS + [0, -3, 1025, 2**31],
     "device": ["tpu", 5, "cpu:x", "meta", object()],
     "rank": [("rank", 3, 3), ("rank", -1, 2), ("rank", 2**63, 2), ("rank", 1.0, 2), ("rank", "0", 2),
              ("rank", 0, None), ("world_size", None, 2), ("world_size", 0, 0), ("world_size", 0, 2**62),

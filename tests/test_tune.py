@@ -218,9 +218,9 @@ def test_a_gpu_result_reports_and_plots_its_streams(tmp_path: Path) -> None:
     assert table[0].split()[:3] == ["threads", "prefetch", "streams"]
     assert table[6].split()[:3] == ["2", "4", "2"] and table[6].endswith("<- fastest")
     assert table[5].split()[:3] == ["2", "4", "1"] and table[5].endswith("<- recommended")
-    assert "recommended: num_threads=2 prefetch=4 streams=1" in result.summary()
+    assert "recommended: num_threads=2 prefetch=4 copy_streams=1" in result.summary()
     assert _tune.loader_args(recommended, 8, "cpu") == {"batch_size": 8, "num_threads": 2, "prefetch": 4}
-    assert "fl.Loader(source, batch_size=8, num_threads=2, prefetch=4, device='cuda:0', streams=1)" in str(result)
+    assert "fl.Loader(source, batch_size=8, num_threads=2, prefetch=4, device='cuda:0', copy_streams=1)" in str(result)
     if not _tune.matplotlib_missing():
         result.plot(tmp_path / "gpu.png")  # one panel per stream count
         assert (tmp_path / "gpu.png").read_bytes()[:4] == b"\x89PNG"

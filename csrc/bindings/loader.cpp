@@ -49,18 +49,22 @@ enum class DeviceParts { Tensors, Raw, StandinTensors };
 // build tensors.
 class PyEngine {
  public:
-  PyEngine(py::object handle, int64_t batch_size, int num_threads, int64_t prefetch, bool with_index,
-           bool with_valid, int streams, std::shared_ptr<SharedMemoryAllocator> shared_memory, bool with_source)
+  // `layout`: the batch layout the Python side built for this source (fastload._C.BatchLayout);
+  // the engine uses it as it is, so both sides size batches from one object.
+  PyEngine(py::object handle, std::shared_ptr<BatchLayout> layout, int num_threads, int64_t prefetch,
+           int copy_streams, std::shared_ptr<SharedMemoryAllocator> shared_memory)
       : source_(std::move(handle)) {
     const SourceHandle& source = source_.cast<const SourceHandle&>();
+    if (!layout) throw std::invalid_argument("an engine needs a batch layout");
     RuntimeOptions o;
     o.engine.num_threads = num_threads;
     o.engine.prefetch = prefetch;
-    o.engine.with_index = with_index;
-    o.engine.with_valid = with_valid;
-    o.engine.with_source = with_source;
-    o.engine.batch_size = batch_size;
-    o.streams = streams;
+    o.engine.with_index = layout->with_index;
+    o.engine.with_valid = layout->with_valid;
+    o.engine.with_source = layout->with_source;
+    o.engine.batch_size = layout->max_rows;
+    o.engine.layout = std::move(layout);
+    o.streams = copy_streams;
     o.cache_release = true;  // next() empties torch's cache when a GPU output runs out of memory
     o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
@@ -170,7 +174,7 @@ class PyEngine {
     d["source_samples"] = r.source_rows;
     d["num_threads"] = runtime_->num_threads();
     d["prefetch"] = runtime_->prefetch();
-    d["streams"] = runtime_->streams();
+    d["copy_streams"] = runtime_->streams();
     return d;
   }
 
@@ -501,11 +505,10 @@ void register_loader(py::module_& m) {
       .def("__len__", &Iterator::remaining);
 
   py::class_<PyEngine>(m, "Engine", gc_visible<PyEngine>())  // it holds its source
-      .def(py::init<py::object, int64_t, int, int64_t, bool, bool, int, std::shared_ptr<SharedMemoryAllocator>,
-                    bool>(),
-           py::arg("source"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("with_index"), py::arg("with_valid"), py::arg("streams") = 1, py::arg("shared_memory") = nullptr,
-           py::arg("with_source") = false)
+      .def(py::init<py::object, std::shared_ptr<BatchLayout>, int, int64_t, int,
+                    std::shared_ptr<SharedMemoryAllocator>>(),
+           py::arg("source"), py::arg("layout"), py::arg("num_threads"), py::arg("prefetch"),
+           py::arg("copy_streams") = 1, py::arg("shared_memory") = nullptr)
       .def("start", &PyEngine::start, py::arg("samplers"), py::arg("epoch"), py::arg("start_position"),
            py::arg("fail_at_step"), py::arg("devices"))
       .def("start_stream", &PyEngine::start_stream, py::arg("samplers"), py::arg("first_step"), py::arg("end_step"),
@@ -517,6 +520,12 @@ void register_loader(py::module_& m) {
       .def("set_timeout", &PyEngine::set_timeout, py::arg("seconds"))
       .def("_set_misuse", &PyEngine::set_misuse)
       .def("_set_counting", &PyEngine::set_counting);
+
+  // The memory bound's one owner (core/memory_bound.h), for the Python-side checks and tune.
+  m.def("batches_in_use", &batches_in_use, py::arg("prefetch"),
+        "batches one output has in use at once: the prefetch window and the one the consumer holds");
+  m.def("batches_held", &batches_held, py::arg("prefetch"),
+        "the most batches one output holds: those in use and the one next() hands over meanwhile");
 
   // At interpreter exit (fastload._lifecycle): park threads iterating from now on, and say how
   // many recently iterating threads have not parked yet.

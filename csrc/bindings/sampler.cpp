@@ -96,6 +96,7 @@ py::tuple batch_ids(const SamplerConfig& c, int64_t epoch, int64_t start, int64_
 
 void register_sampler(py::module_& m) {
   m.attr("ORDERS") = py::make_tuple(kOrderNames[0], kOrderNames[1]);
+  m.attr("MAX_GLOBAL_BATCH") = kMaxGlobalBatch;
   m.attr("EVEN_POLICIES") = py::make_tuple(kEvenNames[0], kEvenNames[1], kEvenNames[2]);
   m.attr("PARTITIONS") = py::make_tuple(kPartitionNames[0], kPartitionNames[1]);
 

@@ -49,12 +49,16 @@ Engine::Engine(std::shared_ptr<BatchSource> source, const EngineOptions& options
   if (options.prefetch <= 0)
     throw std::invalid_argument("prefetch must be positive, got " +
                                 std::to_string(options.prefetch));
-  layout_ = std::make_shared<BatchLayout>(source_->schema(), options.with_index, options.with_valid,
-                                          options.batch_size, options.with_source);
+  layout_ = options.layout ? options.layout
+                           : std::make_shared<BatchLayout>(source_->schema(), options.with_index, options.with_valid,
+                                                           options.batch_size, options.with_source);
+  if (layout_->max_rows != options.batch_size || layout_->with_index != options.with_index ||
+      layout_->with_valid != options.with_valid || layout_->with_source != options.with_source)
+    throw std::invalid_argument("the engine's layout was built for other batch options");
   default_allocator_ = std::move(allocator);
   PoolSet set{default_allocator_, {}};
   for (size_t p = 0; p < layout_->num_parts(); ++p)
-    set.pools.push_back(BufferPool::create(layout_->part_bytes(p), options.prefetch + 1, default_allocator_));
+    set.pools.push_back(BufferPool::create(layout_->part_bytes(p), batches_in_use(options.prefetch), default_allocator_));
   sets_.push_back(std::move(set));
   threads_ = std::make_unique<ThreadPool>(options.num_threads);
 }
@@ -128,9 +132,9 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   for (PoolSet& old : sets_)
     if (std::none_of(sets.begin(), sets.end(), [&](const PoolSet& s) { return s.allocator == old.allocator; }))
       for (auto& pool : old.pools) pool->set_keep(0);  // spares of memory no output uses now go
-  // Each output has up to `prefetch` batches in its window, plus the one a Python loop variable
-  // still holds while next() hands over the following one; native consumers hold a few more
-  // (copies in flight); and one recycled spare. With that many, a training loop that drops each
+  // Each output has its batches in use (batches_in_use: the window, plus the one a Python loop
+  // variable still holds while next() hands over the following one); native consumers hold a few
+  // more (copies in flight); and one recycled spare (for one output: batches_held). With that many, a training loop that drops each
   // batch never makes the pool allocate beyond the reservation below.
   // Page-locked memory is allocated up front, before any batch of the epoch is built: its
   // allocation may synchronise the device, and made on demand it would come at a time that
@@ -146,7 +150,7 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   // allocate one buffer more than needed). Not on the caller's thread: start() returns at once.
   std::vector<std::pair<std::shared_ptr<BufferPool>, int64_t>> reserve;
   for (size_t k = 0; k < sets.size(); ++k) {
-    const int64_t keep = (options_.prefetch + 1) * outputs_of[k] + (natives_of[k] ? extra_buffers : 0) + 1;
+    const int64_t keep = batches_in_use(options_.prefetch) * outputs_of[k] + (natives_of[k] ? extra_buffers : 0) + 1;
     const int64_t held = keep - 1 - natives_of[k];
     for (auto& pool : sets[k].pools) {
       pool->set_keep(keep);

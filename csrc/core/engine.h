@@ -9,7 +9,9 @@
 
 #include "core/array_source.h"
 #include "core/batch_source.h"
+#include "core/batch_layout.h"
 #include "core/buffer_pool.h"
+#include "core/memory_bound.h"
 #include "core/pipeline.h"
 #include "core/sampler.h"
 #include "core/thread_pool.h"
@@ -23,6 +25,10 @@ struct EngineOptions {
   bool with_valid = false;
   bool with_source = false;  // a mixture's "source" part
   int64_t batch_size = 1;
+  // The batch layout when the caller has built it already (the Python side asks for it before
+  // choosing a default prefetch); it must have been built from this source's schema with the
+  // fields above. Null: the engine builds it.
+  std::shared_ptr<const BatchLayout> layout;
 };
 
 class Engine {

@@ -42,7 +42,7 @@ void SamplerConfig::validate() const {
     throw std::invalid_argument("rank must be in [0, world_size=" + std::to_string(world_size) +
                                 "), got " + std::to_string(rank));
   if (block_size <= 0) bad("block_size", "must be positive", block_size);
-  if (batch_size > (int64_t{1} << 40) / world_size)
+  if (batch_size > kMaxGlobalBatch / world_size)
     bad("batch_size * world_size", "is too large", batch_size);
   if (window_shards <= 0) bad("window_shards", "must be positive", window_shards);
   int64_t total = 0, nonempty = 0;

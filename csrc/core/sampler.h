@@ -20,6 +20,10 @@ inline const char* const kOrderNames[] = {"random", "block"};
 inline const char* const kEvenNames[] = {"pad", "drop", "mask"};
 inline const char* const kPartitionNames[] = {"samples", "shards"};
 
+// The largest global batch (batch_size x replicas) a sampler takes: positions within an epoch and
+// padding stay far inside int64. The one copy of the limit (Python reads fastload._C.MAX_GLOBAL_BATCH).
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 40;
+
 Order parse_order(const std::string& s);
 Even parse_even(const std::string& s);
 Partition parse_partition(const std::string& s);

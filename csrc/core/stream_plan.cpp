@@ -34,7 +34,7 @@ void StreamConfig::validate() const {
   if (replicas <= 0) bad("world_size must be positive, got " + std::to_string(replicas));
   if (rank < 0 || rank >= replicas)
     bad("rank must be in [0, world_size=" + std::to_string(replicas) + "), got " + std::to_string(rank));
-  if (batch_size > (int64_t{1} << 40) / replicas || batch_size * replicas != schedule.global_batch())
+  if (batch_size > kMaxGlobalBatch / replicas || batch_size * replicas != schedule.global_batch())
     bad("batch_size * world_size must be the schedule's global batch " + std::to_string(schedule.global_batch()) +
         ", got batch_size=" + std::to_string(batch_size) + " and world_size=" + std::to_string(replicas));
   if (origin < 0 || origin >= kMaxStreamPosition) bad("the schedule's origin step is out of range");

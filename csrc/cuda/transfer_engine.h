@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/memory_bound.h"
 #include "core/pipeline.h"
 #include "cuda/handles.h"
 #include "cuda/memory.h"
@@ -66,7 +67,7 @@ class TransferEngine {
   // next() hands out and the one the loop variable still holds meanwhile (while the window
   // refills). With fewer kept across epochs, such a loop would make every epoch free and
   // reallocate one (two implicit device synchronisations per epoch).
-  int64_t keep() const { return prefetch_ + 2; }
+  int64_t keep() const { return batches_held(prefetch_); }
   const std::shared_ptr<PrimaryContext>& context() const { return ctx_; }
   int device() const { return ctx_->device(); }
 

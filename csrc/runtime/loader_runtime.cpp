@@ -12,7 +12,7 @@ namespace fastload {
 LoaderRuntime::LoaderRuntime(std::shared_ptr<BatchSource> source, const RuntimeOptions& options)
     : prefetch_(options.engine.prefetch), streams_(options.streams), cache_release_(options.cache_release),
       shared_memory_(options.host_memory) {
-  if (streams_ <= 0) throw std::invalid_argument("streams must be positive, got " + std::to_string(streams_));
+  if (streams_ <= 0) throw std::invalid_argument("copy_streams must be positive, got " + std::to_string(streams_));
   engine_ = std::make_unique<Engine>(std::move(source), options.engine,
                                      options.host_memory ? options.host_memory : make_aligned_allocator());
   layout_ = engine_->layout_ptr();

@@ -3,22 +3,12 @@ rank and world size, its default device, and how many collation threads it may u
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import torch
 
 from ._arguments import MAX_THREADS, _as_int
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+from ._machine import env_int, local_world_size, torch_sees_gpu, usable_cpus  # noqa: F401 - re-exported
 
 
 def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple[int, int]:
@@ -41,7 +31,7 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
         rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
         source = "torch.distributed"
     else:
-        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        env_rank, env_world = env_int("RANK"), env_int("WORLD_SIZE")
         if (env_rank is None) != (env_world is None):
             # Half a launcher's environment: guessing rank 0 of 1 would make every process load
             # the whole dataset.
@@ -59,38 +49,6 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
     return rank, world_size
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def local_world_size() -> int:
-    """How many of this job's processes run on this node, from what the launcher tells:
-    LOCAL_WORLD_SIZE (torchrun), SLURM_NTASKS_PER_NODE (Slurm); where a launcher sets only
-    LOCAL_RANK (Lightning, Accelerate), WORLD_SIZE over the number of nodes if one of NUM_NODES,
-    SLURM_NNODES or NNODES is set, else one process per visible GPU (at most WORLD_SIZE)."""
-    local = _env_int("LOCAL_WORLD_SIZE")
-    if local:
-        return local
-    slurm = os.environ.get("SLURM_NTASKS_PER_NODE", "")
-    match = re.match(r"\d+", slurm)  # e.g. "4" or "4(x2)"
-    if match and int(match.group()) > 0:
-        return int(match.group())
-    local_rank = _env_int("LOCAL_RANK")
-    if local_rank is None:
-        return 1
-    world = _env_int("WORLD_SIZE")
-    nodes = next((n for n in map(_env_int, ("NUM_NODES", "SLURM_NNODES", "NNODES")) if n), None)
-    if world and nodes:
-        share = -(-world // nodes)
-    else:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        share = min(world, gpus) if world and gpus else (gpus or world or 1)
-    return max(share, local_rank + 1)
-
-
 def default_num_threads() -> int:
     """The CPUs this process may use, shared among this job's processes on this node."""
     return min(MAX_THREADS, max(1, usable_cpus() // local_world_size()))
@@ -100,9 +58,9 @@ def resolve_device(device: Any) -> torch.device:
     """Parses a device, with the GPU index resolved now and without initialising CUDA (see
     default_cuda_index): a Loader's `device` is the device its batches will be on."""
     if device is None:
-        if not torch.cuda.is_available():
+        if not torch_sees_gpu():
             return torch.device("cpu")
-        local_rank = _env_int("LOCAL_RANK") or 0
+        local_rank = env_int("LOCAL_RANK") or 0
         if local_rank >= torch.cuda.device_count():
             raise ValueError(
                 f"device=None picks cuda:LOCAL_RANK, but LOCAL_RANK={local_rank} and only "
@@ -129,11 +87,11 @@ def default_cuda_index() -> int:
       torch.cuda.set_device(LOCAL_RANK) will select (device=None picks it too);
     - else 0, PyTorch's current device until something selects another (also when PyTorch sees no
       GPU, as with the tests' stand-in driver: the first iter() then checks the index)."""
-    if not torch.cuda.is_available():
+    if not torch_sees_gpu():
         return 0
     if torch.cuda.is_initialized():
         return torch.cuda.current_device()
-    local_rank = _env_int("LOCAL_RANK")
+    local_rank = env_int("LOCAL_RANK")
     if local_rank is not None and 0 <= local_rank < torch.cuda.device_count():
         return local_rank
     return 0

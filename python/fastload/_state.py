@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
+from ._arguments import MAX_GLOBAL_BATCH
 
 STATE_VERSION = 1
 _REQUIRED = ("version", "num_samples", "seed", "shuffle", "order", "epoch", "position")
@@ -93,7 +94,7 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str,
         raise ValueError(f"state['even'] must be one of {_EVEN}, got {state['even']!r}")
     for key in ("batch_size", "world_size", "global_batch_size"):
         if key in state:
-            _state_int(state, key, 1, 2**40, "2**40")
+            _state_int(state, key, 1, MAX_GLOBAL_BATCH, "2**40")
     # A mid-epoch position is where a global step starts, inside the dataset (an epoch that has
     # ended is saved as the next epoch at position 0).
     return {**state,
@@ -185,8 +186,8 @@ def check_stream_state(state: Any, *, names: list[str], num_samples: list[int], 
         "epoch": _state_int(state, "epoch", 0, MAX_EPOCH, "2**62"),
         "step": _state_int(state, "step", 0, 2**62, "2**62"),
         "seed": _state_int(state, "seed", 0, 2**64 - 1, "2**64 - 1"),
-        "global_batch": _state_int(state, "global_batch_size", 1, 2**40, "2**40"),
-        "anchor_batch": _state_int(schedule, "global_batch_size", 1, 2**40, "2**40"),
+        "global_batch": _state_int(state, "global_batch_size", 1, MAX_GLOBAL_BATCH, "2**40"),
+        "anchor_batch": _state_int(schedule, "global_batch_size", 1, MAX_GLOBAL_BATCH, "2**40"),
         "origin": _state_int(schedule, "origin", 0, 2**62, "2**62"),
         "base_positions": _int_list(state, "['schedule']['base_positions']", schedule["base_positions"], n, 2**62),
         "weights": parse_weights(schedule["weights"], n),

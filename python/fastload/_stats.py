@@ -2,6 +2,7 @@
 Loader.stats() into a small dataclass whose repr is a table."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,8 @@ class LoaderStats:
     - release_wait: per GPU output, the time the copies waited for your work on the GPU (the
       training step queued ahead of them) to release the memory they write: the training
       step's time, not the loader's.
+    - num_threads, prefetch, copy_streams: the settings the epoch runs with (copy_streams: host-to-
+      device copy streams per GPU; ``streams`` is its old name, deprecated).
     - pinned_bytes, device_bytes, host_bytes: memory the loader's pools hold (batches you keep
       included); host_allocations, device_allocations: buffers allocated so far.
     - sources: a step-based loader's (a Mix, or steps=) per-source counts, by source name (see
@@ -63,7 +66,7 @@ class LoaderStats:
     release_wait: dict[str, float] = field(default_factory=dict)
     num_threads: int = 0
     prefetch: int = 0
-    streams: int = 0
+    copy_streams: int = 0
     pinned_bytes: int = 0
     device_bytes: int = 0
     host_bytes: int = 0
@@ -71,6 +74,12 @@ class LoaderStats:
     device_allocations: int = 0
     user_s: float = 0.0
     sources: dict[str, SourceStats] = field(default_factory=dict)
+
+    @property
+    def streams(self) -> int:
+        """The old name of copy_streams."""
+        warnings.warn("LoaderStats.streams is renamed copy_streams", FutureWarning, stacklevel=2)
+        return self.copy_streams
 
     @property
     def wait_share(self) -> float:
@@ -88,7 +97,7 @@ class LoaderStats:
                    collation=StageStats(**run["collation"]),
                    copy={k: StageStats(**v) for k, v in run["copy"].items()},
                    release_wait=dict(run.get("release_wait", {})),
-                   num_threads=run["num_threads"], prefetch=run["prefetch"], streams=run["streams"],
+                   num_threads=run["num_threads"], prefetch=run["prefetch"], copy_streams=run["copy_streams"],
                    pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
                    device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0),
@@ -112,7 +121,7 @@ class LoaderStats:
                                       f"({100 * self.user_s / max(self.collation.busy_s, 1e-12):.0f}% of collation)"))
         for device, c in self.copy.items():
             rows.append((f"copy {device}", f"{c.busy_s:.3f} s; p50 {ms(c.p50_s)}, p99 {ms(c.p99_s)} per batch "
-                                           f"({self.streams} streams)"))
+                                           f"({self.copy_streams} copy streams)"))
             waited = self.release_wait.get(device, 0.0)
             if waited > 0:
                 rows.append((f"GPU step {device}", f"{waited:.3f} s: copies waited for your GPU work to release "

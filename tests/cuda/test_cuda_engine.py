@@ -146,7 +146,7 @@ def test_values_equal_numpy_for_every_dtype(rng, device, streams, shuffle):
     n, b = 1003, 64  # a partial last batch
     cols = _dtype_sources(rng, n)
     loader = fl().Loader(fl().Dataset(cols), batch_size=b, shuffle=shuffle, seed=11, device=device,
-                         streams=streams, prefetch=3, with_index=True)
+                         copy_streams=streams, prefetch=3, with_index=True)
     assert loader.device == DEV
     seen = []
     for batch in loader:
@@ -172,7 +172,7 @@ def test_memmap_and_windows_sources(tmp_path, rng):
     tokens = np.memmap(tokens_path, dtype=np.uint16, mode="r")
     for source, length, stride in ((tokens, 1025, 1024), (tokens[:30_000], 33, 7)):
         windows = fl().Windows(source, length=length, stride=stride)
-        loader = fl().Loader(windows, batch_size=16, shuffle=True, seed=2, device="cuda:0", streams=2,
+        loader = fl().Loader(windows, batch_size=16, shuffle=True, seed=2, device="cuda:0", copy_streams=2,
                              with_index=True)
         count = 0
         for batch in loader:
@@ -223,7 +223,7 @@ def test_no_consumer_side_race_over_10000_batches(mode):
     n = 16_384
     b = 64 if mode == "busy" else 256
     loader = fl().Loader(fl().Dataset(id_columns(n)), batch_size=b, shuffle=True, seed=123, drop_last=True,
-                         device=DEV, prefetch=2, streams=2, with_index=True)
+                         device=DEV, prefetch=2, copy_streams=2, with_index=True)
     per_epoch = len(loader)
     epochs = -(-total // per_epoch)
     plans = device_plans(loader, epochs)
@@ -257,7 +257,7 @@ def test_batch_consumed_on_a_non_default_stream():
     n, b = 2048, 64
     cols = id_columns(n, payload_width=16_384)  # 64 KiB rows, 4 MiB batches: copies take a while
     loader = fl().Loader(fl().Dataset(cols), batch_size=b, shuffle=True, seed=9, drop_last=True, device=DEV,
-                         prefetch=2, streams=2, with_index=True)
+                         prefetch=2, copy_streams=2, with_index=True)
     plans = device_plans(loader, 2)
     default = torch.cuda.current_stream(DEV)
     s = torch.cuda.Stream(device=DEV)
@@ -294,7 +294,7 @@ def test_held_batches_stay_intact_over_later_epochs(rng):
     x = rng.standard_normal((n, 256)).astype(np.float32)
     y = np.arange(n, dtype=np.int64) * 3 + 1
     loader = fl().Loader(fl().Dataset({"x": x, "y": y}), batch_size=b, shuffle=True, seed=4, device=DEV,
-                         prefetch=2, streams=2, with_index=True)
+                         prefetch=2, copy_streams=2, with_index=True)
     kept, kept_copy = [], []    # whole batches
     labels, labels_copy = [], []  # one column of every batch, as an evaluation loop keeps them
     for i, batch in enumerate(loader):  # epoch 0: holding more batches than prefetch never blocks
@@ -335,7 +335,7 @@ def test_split_two_engines_on_one_device_from_two_threads(rng):
     n, b = 8192, 64
     x = rng.integers(0, 2**31 - 1, (n, 32), dtype=np.int32)
     loader = fl().Loader(fl().Dataset({"x": x}), batch_size=b, shuffle=True, seed=21, device=DEV, prefetch=2,
-                         streams=2, with_index=True)
+                         copy_streams=2, with_index=True)
     iters = loader.split(["cuda:0", "cuda:0"])
     assert len(iters) == 2
     results: list[list[tuple[np.ndarray, np.ndarray]] | None] = [None, None]
@@ -387,7 +387,7 @@ def test_loader_held_device_memory_is_bounded():
     x = np.ones((n, 2048), np.float32)  # 8 KiB rows: 2 MiB batches
     y = np.arange(n, dtype=np.int64)
     loader = fl().Loader(fl().Dataset({"x": x, "y": y}), batch_size=b, shuffle=True, seed=1, device=DEV,
-                         prefetch=prefetch, streams=2)
+                         prefetch=prefetch, copy_streams=2)
     assert len(loader) * epochs >= 500
     batch_bytes = b * (x.shape[1] * x.itemsize + y.itemsize)  # one full batch, every column
     columns = 2
@@ -438,7 +438,7 @@ def _big_loader(prefetch: int = 4, streams: int = 2):
     n = 2048
     x = np.repeat(np.arange(n, dtype=np.int32)[:, None], 16_384, axis=1)  # 64 KiB rows
     loader = fl().Loader(fl().Dataset({"x": x}), batch_size=128, shuffle=True, seed=3, device=DEV,
-                         prefetch=prefetch, streams=streams, with_index=True)
+                         prefetch=prefetch, copy_streams=streams, with_index=True)
     return loader, x
 
 
@@ -511,7 +511,7 @@ def test_interpreter_exit_with_copies_in_flight_and_a_held_batch():
         import numpy as np, torch, fastload as fl
         x = np.repeat(np.arange(2048, dtype=np.int32)[:, None], 16384, axis=1)
         loader = fl.Loader(fl.Dataset({"x": x}), batch_size=128, shuffle=True, device="cuda:0",
-                           prefetch=4, streams=2)
+                           prefetch=4, copy_streams=2)
         it = iter(loader)
         next(it)
         keep = next(it)

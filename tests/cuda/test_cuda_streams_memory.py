@@ -33,7 +33,7 @@ def test_a_batch_read_on_a_busy_side_stream_with_record_stream():
     # Each batch is summed on a side stream behind a ~1 ms kernel and dropped at once: without
     # record_stream the next copies could overwrite it before the sum reads it.
     x = np.random.default_rng(0).integers(0, 1000, (20_000, 64)).astype(np.int64)
-    loader = fl().Loader(fl().Dataset({"x": x}), 256, device=DEV, with_index=True, prefetch=2, streams=2)
+    loader = fl().Loader(fl().Dataset({"x": x}), 256, device=DEV, with_index=True, prefetch=2, copy_streams=2)
     side = torch.cuda.Stream(DEV)
     sums, ids = [], []
     for batch in loader:

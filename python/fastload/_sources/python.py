@@ -180,16 +180,29 @@ def _check_options(option: str, value: Any, kind: type) -> dict[str, Any]:
 
 class PythonSource:
     """A map-style dataset as a fastload source (see fastload.Source). The Loader makes one for
-    any object with __len__ and __getitem__; build one yourself only to inspect `names`."""
+    any object with __len__ and __getitem__; build one yourself to inspect `names`, or to keep a
+    Python dataset's options with it.
+
+    The options that apply to Python datasets only live here (fl.Loader takes them too, for code
+    written for torch's DataLoader): pad and max_length (padding of variable-length fields),
+    collate_fn, worker_init_fn, workers ("threads" or "processes": where __getitem__ runs; None:
+    the Loader's choice, threads by default) and timeout (seconds a next() may wait; None: the
+    Loader's). seed seeds the probe of the first sample."""
 
     def __init__(self, dataset: Any, *, pad: Mapping[str, Any] | None = None,
                  max_length: Mapping[str, int] | None = None, collate_fn: Callable[[list], Any] | None = None,
-                 worker_init_fn: Callable[[int], Any] | None = None, seed: int = 0):
+                 worker_init_fn: Callable[[int], Any] | None = None, workers: str | None = None,
+                 timeout: float | None = None, seed: int = 0):
         if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
             raise TypeError(f"a map-style dataset needs __len__ and __getitem__, got {type(dataset).__name__}")
         for option, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{option} must be callable, got {fn!r}")
+        if workers not in (None, "threads", "processes"):
+            raise ValueError(f"workers must be one of ('threads', 'processes'), got {workers!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+        self.workers, self.timeout = workers, timeout
         self._worker_init = worker_init_fn
         size = len(dataset)
         if not isinstance(size, int) or size <= 0:

@@ -402,7 +402,7 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
     dataset_mb = sum(c.nbytes for c in columns.values()) / 1e6
     try:
         loader = fl.Loader(fl.Dataset(columns), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                           num_threads=args.threads, prefetch=args.prefetch, streams=args.streams,
+                           num_threads=args.threads, prefetch=args.prefetch, copy_streams=args.streams,
                            device=args.device)
     except ValueError as e:  # e.g. --device cuda without a GPU: a usage error, not a crash
         print(f"python -m fastload: error: {e}", file=log)

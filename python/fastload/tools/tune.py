@@ -19,11 +19,14 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO, Union
 import numpy as np
 import torch
 
+from .. import _C
 from ._cli import ProgressLine, check_device, int_list, positive_float, positive_int
 from ._dataset_spec import is_spec, load_dataset, parse_arguments
-from .._sources.protocol import Source, as_source, batch_bytes_of
-from .._sources.arrays import Dataset, Windows
+from .._config import default_config
 from .._loader import Loader
+from .._machine import usable_cpus as _usable_cpus
+from .._sources.arrays import Dataset, Windows
+from .._sources.protocol import Source, as_source
 from .._sources.python import PythonSource
 
 # A configuration within this share of the fastest counts as just as fast; among those the
@@ -43,8 +46,8 @@ _SECONDS_RANGE = (0.25, 1.0)
 # Other processes using more CPU than this (cores, on average) while tune measures make its
 # figures noisy: the report says so.
 _CONTENDED_CORES = 0.3
-# The default prefetch grid leaves out values whose loader memory, (prefetch + 2) batches,
-# exceeds this (keeping at least the smallest).
+# The default prefetch grid leaves out values whose loader memory, (prefetch + 2) batches
+# (fastload._C.batches_held), exceeds this (keeping at least the smallest).
 _MEMORY_CAP = 1 << 30
 _REDRAW_S = 0.1
 
@@ -85,7 +88,7 @@ class TunePoint:
         return (self.workers == "processes", self.num_threads, self.prefetch, self.streams)
 
     def describe(self, gpu: bool) -> str:
-        streams = f" streams={self.streams}" if gpu else ""
+        streams = f" copy_streams={self.streams}" if gpu else ""
         if self.workers is None:
             return f"num_threads={self.num_threads} prefetch={self.prefetch}{streams}"
         return f"num_workers={self.num_threads} workers={self.workers!r} prefetch={self.prefetch}{streams}"
@@ -165,14 +168,16 @@ class TuneResult:
         if self.defaults:
             kind = "threads" if self.python else None
             default = next((r for r in self.rows if r.num_threads == self.defaults.get("num_threads")
-                            and r.prefetch == self.defaults.get("prefetch") and r.streams == 1
+                            and r.prefetch == self.defaults.get("prefetch")
+                            and r.streams == self.defaults.get("copy_streams", 1)
                             and r.workers == kind), None)
             measured = (f": {_si(default.samples_per_s)} samples/s" if default is not None
                         else " (not in the grid)")
             knob = "num_workers" if self.python else "num_threads"
             kind_text = " workers='threads'" if self.python else ""
+            streams = f" copy_streams={self.defaults.get('copy_streams', 1)}" if gpu else ""
             lines.append(f"defaults:    {knob}={self.defaults['num_threads']}{kind_text} "
-                         f"prefetch={self.defaults['prefetch']}{measured}")
+                         f"prefetch={self.defaults['prefetch']}{streams}{measured}")
         lines.append(f"    {self.loader_call()}")
         busy = self.other_cores
         if busy is not None and busy > _CONTENDED_CORES:
@@ -255,13 +260,6 @@ def _si(value: float) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"
     return f"{value:.3g}"
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _version() -> str:
@@ -441,9 +439,10 @@ Knobs = tuple[int, int, int, Union[str, None]]  # num_threads, prefetch, streams
 def _loader(source: Source, batch_size: int, device: Any, knobs: Knobs, **kw: Any) -> Loader:
     threads, prefetch, streams, workers = knobs
     if workers is None:
-        return Loader(source, batch_size, device=device, num_threads=threads, prefetch=prefetch, streams=streams, **kw)
+        return Loader(source, batch_size, device=device, num_threads=threads, prefetch=prefetch, copy_streams=streams,
+                      **kw)
     return Loader(source, batch_size, device=device, num_workers=threads, workers=workers, prefetch=prefetch,
-                  streams=streams, **kw)
+                  copy_streams=streams, **kw)
 
 
 def _own_cpu_s(loader: Loader) -> float:
@@ -615,12 +614,13 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     dev = probe.device
     probe.close()
     gpu = dev.type == "cuda"
-    batch_bytes = batch_bytes_of(src, batch_size)
-    row_bytes = batch_bytes // max(1, min(batch_size, len(src)))
+    defaults = default_config(src, batch_size, dev)  # what fl.Loader(src, batch_size, device=dev) picks
+    batch_bytes = defaults.batch_bytes
+    row_bytes = batch_bytes // defaults.max_rows
     thread_grid = _grid_values("num_workers" if python else "threads", threads, default_threads())
     if prefetch is None:
         default = DEFAULT_PREFETCH_PYTHON if python else DEFAULT_PREFETCH
-        fitting = [p for p in default if (p + 2) * batch_bytes <= _MEMORY_CAP]
+        fitting = [p for p in default if _C.batches_held(p) * batch_bytes <= _MEMORY_CAP]
         prefetch_grid = fitting or [default[0]]
     else:
         prefetch_grid = _grid_values("prefetch", prefetch, DEFAULT_PREFETCH)
@@ -675,7 +675,7 @@ def tune(source: SourceLike, batch_size: int, *, threads: Sequence[int] | int | 
     return TuneResult(args=loader_args(recommended, batch_size, str(dev)), recommended=recommended,
                       fastest=fastest, rows=rows, source=name, batch_size=batch_size, row_bytes=row_bytes,
                       device=str(dev), seconds=seconds, repeats=repeats, elapsed_s=time.perf_counter() - began,
-                      defaults=_defaults(src, batch_size))
+                      defaults=_defaults(defaults))
 
 
 def _worker_values(workers: Sequence[str] | str | None, python: bool) -> list[str | None]:
@@ -707,7 +707,7 @@ def loader_args(point: TunePoint, batch_size: int, device: str) -> dict[str, Any
     args["prefetch"] = point.prefetch
     if device.startswith("cuda"):
         args["device"] = device
-        args["streams"] = point.streams
+        args["copy_streams"] = point.streams
     return args
 
 
@@ -721,12 +721,10 @@ def recommend(rows: Sequence[TunePoint]) -> tuple[TunePoint, TunePoint]:
     return fastest, min(near, key=lambda r: r.cost)
 
 
-def _defaults(src: Source, batch_size: int) -> dict[str, int]:
-    """What fl.Loader(source, batch_size) picks by itself, for comparison with the grid."""
-    from .._environment import default_num_threads
-    from .._loader import default_prefetch
-    threads = default_num_threads()
-    return {"num_threads": threads, "prefetch": default_prefetch(batch_bytes_of(src, batch_size), threads)}
+def _defaults(config: Any) -> dict[str, int]:
+    """What fl.Loader(source, batch_size) picks by itself (its resolved LoaderConfig), for comparison
+    with the grid: num_threads, prefetch and copy_streams (those a GPU loader uses; 1 on the CPU)."""
+    return {"num_threads": config.num_threads, "prefetch": config.prefetch, "copy_streams": config.copy_streams}
 
 
 # ---------------------------------------------------------------------------- command line

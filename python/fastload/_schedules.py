@@ -1,0 +1,401 @@
+"""The Loader's three modes as objects with one interface: which batches each iter()/split() runs,
+from where, and the resume state.
+
+- EpochSchedule: epochs of one source (the native Sampler of each replica, csrc/core/sampler.h).
+- StepSchedule: steps=N, one run of N global steps over an endless stream of the source(s).
+- MixSchedule: a Mix without steps=, epochs of ceil(len(mix) / global batch) steps of its stream.
+
+Each keeps where the loader stands (the running epoch, the pending start, the last epoch) and
+answers: length(), plan(), set_epoch(), prepare(devices) then start() (the next run's start
+position, checked before anything changes, then the run), state_dict()/load_state_dict(), and
+source_stats(). The Loader holds one and calls it under its lock (plan() takes it itself).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _C
+from ._arguments import _as_int
+from ._config import MAX_STEPS, LoaderConfig
+from ._machine import memory_limit
+from ._state import check_state, check_stream_state, make_state, make_stream_state
+from ._stats import SourceStats
+from ._stream import BLOCK_SIZE, WINDOW_SHARDS, Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
+
+
+def _epoch_arg(epoch: Any) -> int:
+    if epoch is None:
+        raise TypeError("plan() needs the epoch: plan(epoch)")
+    epoch = _as_int("epoch", epoch)
+    if epoch < 0:
+        raise ValueError(f"epoch must be non-negative, got {epoch}")
+    return epoch
+
+
+def _step_range(steps: Any) -> tuple[int, int]:
+    if not isinstance(steps, (tuple, list)) or len(steps) != 2:
+        raise ValueError(f"steps must be (first, end), a range of global steps, got {steps!r}")
+    first, end = _as_int("steps[0]", steps[0]), _as_int("steps[1]", steps[1])
+    if not 0 <= first <= end <= MAX_STEPS:
+        raise ValueError(f"steps must be (first, end) with 0 <= first <= end, got {steps!r}")
+    return first, end
+
+
+class Schedule:
+    """What every mode keeps: the running epoch (a _C.Epoch) and its outputs, the start position
+    the next iter() takes (pending), and the last epoch run. Subclasses say which batches run."""
+
+    def __init__(self, config: LoaderConfig, source: Any, lock: threading.RLock):
+        self.config = config
+        self.source = source
+        self.seed = config.seed  # load_state_dict() may restore another
+        self.lock = lock
+        self.run: Any = None  # the running epoch (_C.Epoch)
+        self.outputs = 1  # iterators of the running epoch (devices after split)
+        self.run_start = 0  # the running epoch's start position (non-zero after a resume)
+        self.pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
+        self.last_epoch = -1
+        self.replicas = config.replicas()  # data-parallel consumers of the last run: world_size x devices
+
+    # ---------------------------------------------------------------- the interface
+    def length(self) -> int:
+        """Batches one iterator of the next run yields (after split(), each device's)."""
+        raise NotImplementedError
+
+    def plan(self, epoch: Any, steps: Any) -> np.ndarray:
+        """This rank's sample ids for an epoch (or a range of steps), in batch order."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: Any) -> None:
+        raise NotImplementedError
+
+    def prepare(self, devices: int) -> Any:
+        """Where the next run over `devices` outputs starts; changes nothing (raises first)."""
+        raise NotImplementedError
+
+    def start(self, engine: Any, prepared: Any, devices: int, fail_at: int, indices: list[int]) -> Any:
+        """Starts the prepared run on the engine and records it; returns the run."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def source_stats(self, run_stats: dict[str, Any]) -> dict[str, SourceStats] | None:
+        """Per source counts of a step-based mode; None for epochs."""
+        return None
+
+    # ---------------------------------------------------------------- shared bookkeeping
+    def handed(self) -> int:
+        """Batches of the running epoch handed out on every output."""
+        return min(self.run.handed(d) for d in range(self.outputs))
+
+    def untouched(self) -> bool:
+        """The running epoch exists and nothing was taken from it."""
+        return self.run is not None and all(self.run.handed(d) == 0 for d in range(self.outputs))
+
+    def finished(self) -> bool:
+        return self.handed() >= self.run.num_batches(0)
+
+    def position(self) -> int:
+        """Global position after the steps handed out on every output."""
+        return self.run.position_after(0, self.handed())
+
+    def mark_superseded(self) -> None:
+        if self.run is not None:
+            self.run.superseded = True
+
+    def supersede(self) -> None:
+        """Cancels the running epoch (a state was loaded)."""
+        if self.run is not None:
+            self.run.superseded = True
+            self.run.cancel()
+            self.run = None
+
+    def _begun(self, run: Any, devices: int, epoch: int, start: int) -> None:
+        self.run, self.outputs = run, devices
+        self.run_start, self.last_epoch = start, epoch
+        self.pending = None
+        self.replicas = self.config.replicas(devices)
+
+
+class EpochSchedule(Schedule):
+    """Epochs of one source: epoch e is the native Sampler's plan of (seed, e) for each replica."""
+
+    def __init__(self, config: LoaderConfig, source: Any, lock: threading.RLock):
+        super().__init__(config, source, lock)
+        self.shard_rows: list[int] = source.shard_rows or []
+        self.resume_replicas: int | None = None  # partition="shards": the world size a state needs
+
+    def samplers(self, devices: int) -> list[Any]:
+        c = self.config
+        world = c.replicas(devices)
+        return [_C.Sampler(len(self.source), c.batch_size, world, c.rank * devices + d, self.seed, c.shuffle,
+                           c.order, c.even, c.drop_last, BLOCK_SIZE, c.partition, self.shard_rows, WINDOW_SHARDS)
+                for d in range(devices)]
+
+    def length(self) -> int:
+        return self.samplers(self.outputs)[0].num_batches(0)
+
+    def plan(self, epoch: Any, steps: Any) -> np.ndarray:
+        if steps is not None:
+            raise ValueError("plan(steps=...) is for a loader with steps= (or a Mix); this one runs epochs: plan(epoch)")
+        return self.samplers(1)[0].plan(_epoch_arg(epoch), 0, memory_limit())
+
+    def set_epoch(self, epoch: Any) -> None:
+        epoch = _as_int("epoch", epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, got {epoch}")
+        with self.lock:
+            if self.pending is not None and self.pending[0] == epoch:
+                return
+            self.pending = (epoch, 0)
+
+    def prepare(self, devices: int) -> tuple[int, int]:
+        if self.pending is not None:
+            epoch, start = self.pending
+            replicas = self.config.replicas(devices)
+            if start and self.resume_replicas not in (None, replicas):
+                raise ValueError(f"the state was saved with partition='shards' at world size {self.resume_replicas} "
+                                 f"(ranks x devices); resuming at {replicas} is not supported: whole shards per "
+                                 "rank depend on the world size")
+            return epoch, start
+        if self.untouched():
+            # An iter() nothing was taken from (Lightning calls one before training) does not
+            # use up its epoch: the next iter() runs it again, from where it would have begun.
+            return self.run.epoch, self.run_start
+        return self.last_epoch + 1, 0
+
+    def start(self, engine: Any, prepared: tuple[int, int], devices: int, fail_at: int, indices: list[int]) -> Any:
+        epoch, start = prepared
+        run = engine.start(self.samplers(devices), epoch, start, fail_at, indices)
+        self._begun(run, devices, epoch, start)
+        return run
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.pending is not None:
+            epoch, position = self.pending
+        elif self.run is None:
+            epoch, position = self.last_epoch + 1, 0
+        elif self.finished():
+            epoch, position = self.run.epoch + 1, 0
+        else:
+            epoch, position = self.run.epoch, self.position()
+        c = self.config
+        return make_state(num_samples=len(self.source), seed=self.seed, shuffle=c.shuffle, order=c.order,
+                          even=c.even, drop_last=c.drop_last, epoch=epoch, position=position,
+                          batch_size=c.batch_size, replicas=self.replicas, partition=c.partition)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        c = self.config
+        state = check_state(state, num_samples=len(self.source), shuffle=c.shuffle, order=c.order,
+                            partition=c.partition)
+        # Whole shards per rank depend on the world size: a mid-epoch state resumes only at the
+        # world size (ranks x devices) it was saved at; checked again when the epoch starts.
+        saved = state.get("world_size")
+        saved = int(saved) if isinstance(saved, (int, np.integer)) and not isinstance(saved, bool) else None
+        if c.partition == "shards" and state["position"] and (saved is None or saved % c.world_size):
+            raise ValueError(f"the state was saved mid-epoch with partition='shards' at world size {saved!r}; this "
+                             f"loader has world_size={c.world_size}: partition='shards' resumes mid-epoch only "
+                             "at the same world size")
+        self.resume_replicas = saved if c.partition == "shards" else None
+        self.seed = int(state["seed"])
+        self.supersede()
+        self.pending = (int(state["epoch"]), int(state["position"]))
+        self.last_epoch = self.pending[0] - 1
+
+
+class StreamSchedule(Schedule):
+    """What the step-based modes share: the stream over the sources (see _stream.py), its anchor
+    and its runs."""
+
+    def __init__(self, config: LoaderConfig, source: Any, lock: threading.RLock, *, sources: StreamSources,
+                 epoch_samples: int, weights_given: Any = None):
+        super().__init__(config, source, lock)
+        self.runs = StreamRuns(Stream(sources, seed=self.seed, shuffle=config.shuffle, order=config.order),
+                               config.steps, epoch_samples)
+        self.run_anchor: Anchor | None = None  # the schedule the running stream run uses
+        self.weights_given = weights_given
+
+    @property
+    def stream(self) -> Stream:
+        return self.runs.stream
+
+    # What differs between steps= and epochs of a stream.
+    def _plan_range(self, epoch: Any, steps: Any) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _standing(self, anchor: Anchor) -> tuple[int, int, int | None]:
+        """(epoch, step, steps_per_epoch) in the state of a loader with no run going on: the
+        pending or next epoch's start, at the anchor's global batch."""
+        raise NotImplementedError
+
+    def _after_run(self, epoch: int) -> int:
+        """The state's epoch while a run of `epoch` is running or done."""
+        return epoch
+
+    def plan(self, epoch: Any, steps: Any) -> np.ndarray:
+        c = self.config
+        first, end = self._plan_range(epoch, steps)
+        g = c.global_batch()
+        with self.lock:
+            anchor = self.stream.anchor_for(g)
+            if first < anchor.origin:
+                raise ValueError(f"steps before {anchor.origin} were scheduled with another global batch size or other "
+                                 f"weights (the schedule was re-anchored there); got steps from {first}")
+            sampler = self.stream.sampler(anchor, c.batch_size, c.world_size, c.rank)
+        return sampler.plan(first, end, memory_limit())
+
+    def prepare(self, devices: int) -> tuple[int, int, int, Anchor, list[Any]]:
+        """(epoch, first step, end step, anchor, one sampler per device) of the next run."""
+        c = self.config
+        replicas = c.replicas(devices)
+        stand, rerun = None, None
+        if self.run is not None:
+            stand = Stand(self.run_anchor, self.position())
+            if self.untouched():
+                rerun = (self.run.epoch, self.run_start)
+        epoch, first, end, anchor = self.runs.start(c.global_batch(devices), stand=stand,
+                                                    pending_epoch=self.pending[0] if self.pending else None,
+                                                    rerun=rerun, next_epoch=self.last_epoch + 1)
+        samplers = [self.stream.sampler(anchor, c.batch_size, replicas, c.rank * devices + d)
+                    for d in range(devices)]
+        return epoch, first, end, anchor, samplers
+
+    def start(self, engine: Any, prepared: tuple[int, int, int, Anchor, list[Any]], devices: int, fail_at: int,
+              indices: list[int]) -> Any:
+        epoch, first, end, anchor, samplers = prepared
+        run = engine.start_stream(samplers, first, end, epoch, fail_at, indices)
+        self.runs.begun(anchor)
+        self.run_anchor = anchor
+        self._begun(run, devices, epoch, first)
+        return run
+
+    def state_dict(self) -> dict[str, Any]:
+        runs, st, c = self.runs, self.stream, self.config
+        if runs.resume is not None:  # loaded, not started yet: the same state back
+            return dict(runs.resume.state)
+        g = c.batch_size * self.replicas
+        if self.run is None or self.pending is not None:
+            anchor = st.anchor_for(g) if self.run is None else self.run_anchor
+            epoch, step, steps_per_epoch = self._standing(anchor)
+            if step < anchor.origin:
+                step = anchor.origin
+        else:
+            anchor = self.run_anchor
+            step = self.position()
+            epoch = self._after_run(self.run.epoch)
+            steps_per_epoch = self._steps_per_epoch(g)
+        base, shares = st.quotas(anchor.global_batch, anchor.weights)
+        schedule = {"global_batch_size": anchor.global_batch, "weights": weights_text(anchor.weights),
+                    "origin": anchor.origin, "base_positions": list(anchor.base_positions), "base": base,
+                    "shares": shares, "phase": _C.mix_phase(self.seed)}
+        src = st.sources
+        return make_stream_state(names=list(src.names), num_samples=list(src.lengths), seed=self.seed,
+                                 shuffle=c.shuffle, order=c.order, steps=c.steps, epoch=epoch, step=step,
+                                 batch_size=c.batch_size, replicas=self.replicas, steps_per_epoch=steps_per_epoch,
+                                 schedule=schedule, positions=st.positions(anchor, step),
+                                 weights_given=self.weights_given)
+
+    def _steps_per_epoch(self, g: int) -> int | None:
+        return self.runs.steps_per_epoch(g)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        src = self.stream.sources
+        parsed = check_stream_state(state, names=list(src.names), num_samples=list(src.lengths),
+                                    shuffle=self.config.shuffle, order=self.config.order)
+        self.seed = self.stream.seed = parsed["seed"]
+        anchor = Anchor(parsed["anchor_batch"], parsed["weights"], parsed["origin"], tuple(parsed["base_positions"]))
+        self.runs.resume = Resume(parsed["epoch"], parsed["step"], parsed["global_batch"], anchor,
+                                  tuple(parsed["positions"]), dict(state))
+        self.supersede()
+        self.pending = None
+        self.last_epoch = parsed["epoch"] - 1
+
+    def source_stats(self, run_stats: dict[str, Any]) -> dict[str, SourceStats]:
+        """Per source: samples handed out this run (counted natively at each hand-out, from the
+        plan), and the stream's position in it at the next step."""
+        src = self.stream.sources
+        if self.run is None:
+            samples = [0] * len(src.names)
+            positions = self.state_dict()["positions"]
+        else:
+            samples = list(run_stats.get("source_samples") or [run_stats["samples"]])
+            positions = self.run.stream_positions(0, self.handed())
+        return {name: SourceStats(samples=k, epochs=p // n, position=p)
+                for name, k, p, n in zip(src.names, samples, positions, src.lengths)}
+
+
+class StepSchedule(StreamSchedule):
+    """steps=N: one run of global steps [0, N) over the stream; each iter() continues from the
+    first step no output has handed out yet; no epochs."""
+
+    def length(self) -> int:
+        return self.config.steps
+
+    def set_epoch(self, epoch: Any) -> None:
+        raise ValueError(f"a loader with steps={self.config.steps} has no epochs: each iter() continues with the next "
+                         "step not handed out yet (state_dict()/load_state_dict() resume anywhere)")
+
+    def _plan_range(self, epoch: Any, steps: Any) -> tuple[int, int]:
+        if epoch is not None:
+            raise ValueError(f"a loader with steps= has no epochs: plan() gives all {self.config.steps} steps, "
+                             f"plan(steps=(first, end)) a range; got epoch={epoch!r}")
+        return (0, self.config.steps) if steps is None else _step_range(steps)
+
+    def _standing(self, anchor: Anchor) -> tuple[int, int, int | None]:
+        return 0, 0, None
+
+    def _steps_per_epoch(self, g: int) -> int | None:
+        return None
+
+
+class MixSchedule(StreamSchedule):
+    """A Mix without steps=: epoch e is steps [e*spe, (e+1)*spe) of the stream, spe = ceil(len(mix)
+    / global batch); epochs follow the usual rules (set_epoch, an untouched iter() reruns its
+    epoch, load_state_dict resumes the saved epoch)."""
+
+    def length(self) -> int:
+        return self.runs.steps_per_epoch(self.config.global_batch(self.outputs))
+
+    def set_epoch(self, epoch: Any) -> None:
+        epoch = _as_int("epoch", epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, got {epoch}")
+        with self.lock:
+            if self.runs.resume is not None and self.runs.resume.epoch == epoch:
+                return
+            if self.pending is not None and self.pending[0] == epoch:
+                return
+            self.runs.resume = None
+            self.pending = (epoch, 0)
+
+    def _plan_range(self, epoch: Any, steps: Any) -> tuple[int, int]:
+        if steps is not None:
+            return _step_range(steps)
+        epoch = _epoch_arg(epoch)
+        spe = self.runs.steps_per_epoch(self.config.global_batch())
+        return epoch * spe, (epoch + 1) * spe
+
+    def _standing(self, anchor: Anchor) -> tuple[int, int, int | None]:
+        epoch = self.pending[0] if self.pending else self.last_epoch + 1
+        spe = self.runs.steps_per_epoch(anchor.global_batch)
+        return epoch, epoch * spe, spe
+
+    def _after_run(self, epoch: int) -> int:
+        return epoch + 1 if self.finished() else epoch
+
+
+def make_schedule(config: LoaderConfig, source: Any, lock: threading.RLock, mix: Any = None) -> Schedule:
+    """The mode of a Loader: steps= (over one source or a Mix), a Mix's epochs, or plain epochs."""
+    if not config.stepped:
+        return EpochSchedule(config, source, lock)
+    sources = mix.stream_sources() if mix is not None else StreamSources.single(source)
+    kind = StepSchedule if config.steps is not None else MixSchedule
+    return kind(config, source, lock, sources=sources, epoch_samples=len(mix if mix is not None else source),
+                weights_given=mix.given if mix is not None else None)
