@@ -3,7 +3,7 @@
 # at most 10 minutes gives a true answer even when a step hangs.
 #
 #   bash bench/gpu_check.sh               the check (at most 9 minutes): build and install,
-#                                         tests/cuda with FASTLOAD_REQUIRE_CUDA=1, the rest of the
+#                                         tests/cuda -m cuda with FASTLOAD_REQUIRE_CUDA=1, the rest of the
 #                                         suite as CI runs it (no GPU visible, not slow), the
 #                                         quick benchmark, a summary table
 #   bash bench/gpu_check.sh --full-bench  a second call (at most 9 minutes): build and install,
@@ -141,12 +141,13 @@ run_all() {
 
     if [ "$MODE" = check ]; then
         FASTLOAD_REQUIRE_CUDA=1 step "GPU tests" "$T_GPU_TESTS" \
-            "$PY" -m pytest tests/cuda -v -p no:cacheprovider "${TEST_TIMEOUT_OPTS[@]}" \
+            "$PY" -m pytest tests/cuda -m cuda -v -p no:cacheprovider "${TEST_TIMEOUT_OPTS[@]}" \
             --junitxml="$OUT_DIR/junit_cuda.xml" || failed=1
 
         # As CI runs it: no GPU visible, so device=None means the CPU and the stand-in driver's
-        # tests run; no -x, so one failure does not hide the rest.
-        local suite_args=(-m "not slow" --ignore=tests/cuda)
+        # tests (tests/cuda/test_standin_*.py, not marked cuda) run; no -x, so one failure does not
+        # hide the rest.
+        local suite_args=(-m "not slow and not cuda")
         # shellcheck disable=SC2206  # space-separated test paths or node ids
         [ -n "${GPU_CHECK_SUITE_ARGS:-}" ] && suite_args=($GPU_CHECK_SUITE_ARGS)
         CUDA_VISIBLE_DEVICES= step "rest of the suite" "$T_SUITE" \

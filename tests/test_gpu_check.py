@@ -39,8 +39,8 @@ pytestmark = [
 # A few of the suite's stand-in driver tests: they skip themselves when a GPU is visible, so their
 # passing proves that the suite step hides the GPU as CI does.
 STANDIN_SUITE_TESTS = [
-    "tests/test_cuda_standin.py::test_windows_and_mask_on_the_device",
-    "tests/test_cuda_standin.py::test_slots_and_device_buffers_are_recycled_and_bounded",
+    "tests/cuda/test_standin_gpu_loader.py::test_windows_and_mask_on_the_device",
+    "tests/cuda/test_standin_gpu_loader.py::test_slots_and_device_buffers_are_recycled_and_bounded",
     "tests/test_device.py",
 ]
 
@@ -59,7 +59,7 @@ def run_check(out: Path, driver: Path, *args: str, **env: str) -> subprocess.Com
         "PYTHONPATH": os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH", "")])),
         "FASTLOAD_GPU_STANDIN": str(driver),
         "FAKE_CUDA_DEVICE_COUNT": "1",
-        "FAKE_CUDA_MAX_DELAY_US": "20",  # the stand-in's race detectors are test_cuda_standin's job
+        "FAKE_CUDA_MAX_DELAY_US": "20",  # the stand-in's race detectors are test_standin_gpu_loader's job
         "GPU_CHECK_SKIP_BUILD": "1",
         "FASTLOAD_STANDIN_RACE_BATCHES": "400",
         "GPU_CHECK_SUITE_ARGS": " ".join(STANDIN_SUITE_TESTS),
@@ -95,7 +95,7 @@ def test_the_check_runs_green_end_to_end_on_the_stand_in(tmp_path, driver):
     assert sorted(races.values()) == ["passed", "passed"], races
 
     suite = junit_outcomes(tmp_path / "junit_suite.xml")
-    standin = {k: o for k, o in suite.items() if "test_cuda_standin" in k}
+    standin = {k: o for k, o in suite.items() if "test_standin_gpu_loader" in k}
     assert len(standin) == 2 and set(standin.values()) == {"passed"}, (
         f"the suite step must hide the GPU (CUDA_VISIBLE_DEVICES=) so that the stand-in driver tests run: {standin}")
     assert any("test_device" in k for k in suite)

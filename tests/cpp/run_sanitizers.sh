@@ -4,10 +4,16 @@
 # every binary of both builds). Exits non-zero if a build fails, a check fails, or a sanitizer
 # reports. Works from any directory.
 #
-#   test_core      the core (csrc/core/*.cpp) with tests/cpp/test_core.cpp
-#   test_lazy_mappings  the core with tests/cpp/test_lazy_mappings.cpp (files mapped on demand)
-#   test_stream    step-based sampling (mixture schedule, stream plans, mixed sources) with
-#                  tests/cpp/test_stream.cpp
+#   the core (csrc/core/*.cpp), one binary per header tested, sharing core_fixtures.h:
+#     test_sampler      permutation.h, sampler.h (the sampling contract)
+#     test_gather       gather.h, cpu_cache.h
+#     test_thread_pool  thread_pool.h
+#     test_buffer_pool  buffer_pool.h
+#     test_engine       engine.h (threads, buffers, epochs, errors)
+#     test_pipeline     pipeline.h as a native consumer uses it
+#     test_fork_guard   fork_guard.h
+#     test_lazy_mappings  lazy_mappings.h (files mapped on demand)
+#     test_stream       step-based sampling (mixture schedule, stream plans, mixed sources)
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
 #                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
 #                  under the same sanitizer (a TSan-instrumented .so for the TSan build) and
@@ -31,12 +37,16 @@ builds="${SANITIZERS:-tsan asan}"
 run_timeout="${FASTLOAD_SANITIZER_RUN_TIMEOUT:-170}"  # seconds per binary (cases have a 60 s watchdog)
 
 mkdir -p "$build"
-# -fno-var-tracking: line numbers in sanitizer reports stay; without it test_core.cpp alone takes
-# over a minute to compile under ASan + UBSan.
+# -fno-var-tracking: line numbers in sanitizer reports stay; without it the larger test files take
+# over a minute each to compile under ASan + UBSan.
 common=(-std=c++17 -O1 -g -fno-var-tracking -pthread -Wall -Wextra -I"$repo/csrc")
 core_sources=("$repo"/csrc/core/*.cpp)
 cuda_sources=("$repo"/csrc/cuda/*.cpp)
-binaries=(test_core test_lazy_mappings test_transfer test_stream)
+# Each binary is tests/cpp/<name>.cpp linked with the core; cuda_binaries also with the CUDA layer.
+core_binaries=(test_sampler test_gather test_thread_pool test_buffer_pool test_engine test_pipeline test_fork_guard
+               test_lazy_mappings test_stream)
+cuda_binaries=(test_transfer)
+binaries=("${core_binaries[@]}" "${cuda_binaries[@]}")
 
 flags_for() {
   case "$1" in
@@ -53,16 +63,17 @@ fake_sanitizer_for() {
   esac
 }
 
-# Compiles every translation unit of a build in parallel (one object each, shared by both
-# binaries) and the stand-in driver beside them, then links. Leaves the stand-in's path in
-# $dir/libcuda.path.
+# Compiles every translation unit of a build in parallel (one object each, the core's and the CUDA
+# layer's shared by every binary) and the stand-in driver beside them, then links. Leaves the
+# stand-in's path in $dir/libcuda.path.
 compile() {
-  local name="$1" dir="$build/$1" pids=() rc=0 src
+  local name="$1" dir="$build/$1" pids=() rc=0 src binary
   mkdir -p "$dir"
   obj() { echo "$dir/$(basename "${1%.cpp}").o"; }
+  local test_sources=()
+  for binary in "${binaries[@]}"; do test_sources+=("$here/$binary.cpp"); done
   # shellcheck disable=SC2046
-  for src in "${core_sources[@]}" "${cuda_sources[@]}" "$here/test_core.cpp" "$here/test_lazy_mappings.cpp" \
-             "$here/test_transfer.cpp" "$here/test_stream.cpp"; do
+  for src in "${core_sources[@]}" "${cuda_sources[@]}" "${test_sources[@]}"; do
     "$cxx" "${common[@]}" $(flags_for "$name") -c "$src" -o "$(obj "$src")" &
     pids+=($!)
   done
@@ -74,20 +85,18 @@ compile() {
   local core_objs=() cuda_objs=()
   for src in "${core_sources[@]}"; do core_objs+=("$(obj "$src")"); done
   for src in "${cuda_sources[@]}"; do cuda_objs+=("$(obj "$src")"); done
-  # shellcheck disable=SC2046
-  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_core.o" -o "$dir/test_core" &
-  pids=($!)
-  # shellcheck disable=SC2046
-  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_lazy_mappings.o" \
-    -o "$dir/test_lazy_mappings" &
-  pids+=($!)
-  # shellcheck disable=SC2046
-  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "${cuda_objs[@]}" "$dir/test_transfer.o" \
-    -ldl -o "$dir/test_transfer" &
-  pids+=($!)
-  # shellcheck disable=SC2046
-  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_stream.o" -o "$dir/test_stream" &
-  pids+=($!)
+  pids=()
+  for binary in "${core_binaries[@]}"; do
+    # shellcheck disable=SC2046
+    "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/$binary.o" -o "$dir/$binary" &
+    pids+=($!)
+  done
+  for binary in "${cuda_binaries[@]}"; do
+    # shellcheck disable=SC2046
+    "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "${cuda_objs[@]}" "$dir/$binary.o" \
+      -ldl -o "$dir/$binary" &
+    pids+=($!)
+  done
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   return "$rc"
 }

@@ -16,9 +16,11 @@ from ctypes import POINTER, byref, c_char, c_char_p, c_float, c_int, c_longlong,
 
 import pytest
 
-from fake_cuda.build import build
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # tests/: fake_cuda
+from fake_cuda.build import build  # noqa: E402
 
-TESTS_DIR = pathlib.Path(__file__).resolve().parent
+HERE = pathlib.Path(__file__).resolve().parent
+TESTS_DIR = HERE.parent
 SMOKE_SOURCE = TESTS_DIR / "fake_cuda" / "smoke.cpp"
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the fake driver")
@@ -1177,7 +1179,7 @@ def test_detects_wrong_device_and_out_of_range_copies(cuda: FakeCuda):
 
 
 def run_python(code: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    prelude = f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\n"
+    prelude = f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(TESTS_DIR)!r}]\n"
     return subprocess.run(
         [sys.executable, "-c", prelude + code, *args],
         capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
@@ -1187,7 +1189,7 @@ def run_python(code: str, *args: str, env: dict | None = None) -> subprocess.Com
 def test_abort_on_misuse(lib_path: pathlib.Path):
     code = (
         "import ctypes\n"
-        "from test_fake_cuda import FakeCuda\n"
+        "from test_standin_driver import FakeCuda\n"
         "fake = FakeCuda(sys.argv[1])\n"
         "fake.ok(fake.cuInit(0))\n"
         "fake.cuStreamCreate(ctypes.byref(ctypes.c_void_p()), 1)\n"  # no current context
@@ -1207,7 +1209,7 @@ def test_unload_and_exit_with_busy_streams(lib_path: pathlib.Path, tmp_path: pat
     code = (
         "import _ctypes, ctypes\n"
         "ctypes.CDLL('libstdc++.so.6')\n"
-        "from test_fake_cuda import FakeCuda\n"
+        "from test_standin_driver import FakeCuda\n"
         "def leave_work_queued(fake):\n"
         "    fake.ok(fake.cuInit(0))\n"
         "    fake.ok(fake.cuCtxSetCurrent(fake.retain(0)))\n"
@@ -1235,7 +1237,7 @@ def test_unload_and_exit_with_busy_streams(lib_path: pathlib.Path, tmp_path: pat
 def test_fork_child_of_a_user_gets_errors_and_exits_cleanly(lib_path: pathlib.Path):
     code = (
         "import ctypes, os\n"
-        "from test_fake_cuda import FakeCuda\n"
+        "from test_standin_driver import FakeCuda\n"
         "fake = FakeCuda(sys.argv[1])\n"
         "fake.ok(fake.cuInit(0))\n"
         "fake.ok(fake.cuCtxSetCurrent(fake.retain(0)))\n"

@@ -27,7 +27,7 @@ import torch
 import fastload as fl
 from fastload import _gpu_memory
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: fake_cuda
 from fake_cuda import build as fake_build  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a real GPU is present: tests/cuda covers it")
@@ -998,7 +998,7 @@ def test_a_faulting_kernel_is_one_clear_error_not_a_burst(fake):
     r = _run_child("""
         import ctypes, os, sys, numpy as np, fastload as fl
         sys.path.insert(0, os.environ["TESTS"])
-        from test_cuda_standin import User
+        from test_standin_gpu_loader import User
         lib = ctypes.CDLL(os.environ["FASTLOAD_LIBCUDA"])
         user = User(lib)
         loader = fl.Loader(fl.Dataset({"x": np.zeros((20000, 64), np.float32)}), 64, device="cuda:0",
@@ -1019,7 +1019,7 @@ def test_a_faulting_kernel_is_one_clear_error_not_a_burst(fake):
         del kept, batch
         loader.close()
         print("closed", flush=True)
-    """, {"FASTLOAD_LIBCUDA": str(fake.path), "TESTS": str(Path(__file__).parent)})
+    """, {"FASTLOAD_LIBCUDA": str(fake.path), "TESTS": str(Path(__file__).resolve().parent)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "closed" in r.stdout, r.stdout
     raised = [line for line in r.stdout.splitlines() if line.startswith("raised:")]

@@ -1,8 +1,8 @@
-"""Issue 7's guarantees on issue 8's sources: a sharded or ragged Dataset, an opened dataset
-directory and a Windows over several arrays or files hold no addresses (descriptions are made from
-the live arrays), copy and pickle (memmaps and directories by file or path), and report a shard
-changed under a Loader at the next iter(); order="block" and partition="shards" on a real
-dataset directory."""
+"""What tests/test_sources.py checks of plain arrays, on sharded and ragged sources: a sharded or
+ragged Dataset, an opened dataset directory and a Windows over several arrays or files hold no
+addresses (descriptions are made from the live arrays), copy and pickle (memmaps and directories
+by file or path), and report a shard changed under a Loader at the next iter(); order="block" and
+partition="shards" on a real dataset directory."""
 from __future__ import annotations
 
 import copy
