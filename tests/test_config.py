@@ -163,3 +163,41 @@ def test_the_loader_module_has_no_mode_branches():
     text = (ROOT / "python" / "fastload" / "_loader.py").read_text()
     for branch in ("self._runs", "self._steps", "self._pending", "self._run "):
         assert branch not in text, branch
+
+
+# ---------------------------------------------------------------------------- Python-dataset options
+class Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.int64(i * i)}
+
+
+def test_a_python_sources_own_workers_and_timeout_apply_where_the_loader_gives_none():
+    loader = fl.Loader(fl.PythonSource(Squares(), timeout=5.0), 4, device="cpu")
+    assert (loader.config.workers, loader.config.timeout) == ("threads", 5.0)
+    np.testing.assert_array_equal(np.concatenate([b["x"].numpy() for b in loader]), np.arange(20) ** 2)
+    procs = fl.Loader(fl.PythonSource(Squares(), workers="processes"), 4, device="cpu", num_workers=1)
+    assert procs.config.workers == "processes" and procs._workers is not None  # no process before iter()
+    procs.close()
+    assert fl.Loader(Squares(), 4, device="cpu", workers="processes", num_workers=1).config.workers == "processes"
+    with pytest.raises(ValueError, match="workers is given twice"):
+        fl.Loader(fl.PythonSource(Squares(), workers="processes"), 4, device="cpu", workers="threads")
+    with pytest.raises(ValueError, match="timeout is given twice"):
+        fl.Loader(fl.PythonSource(Squares(), timeout=1.0), 4, device="cpu", timeout=2.0)
+    with pytest.raises(ValueError, match="workers must be one of"):
+        fl.PythonSource(Squares(), workers="fork")
+    with pytest.raises(ValueError, match="timeout must be a non-negative number"):
+        fl.PythonSource(Squares(), timeout=-1)
+
+
+def test_the_machine_facts_module_is_a_leaf():
+    import ast
+
+    tree = ast.parse((ROOT / "python" / "fastload" / "_machine.py").read_text())
+    imported = [n.module or "." for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.level or 0) > 0]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 for a in n.names if a.name.startswith("fastload")]
+    imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("fastload")]
+    assert imported == []

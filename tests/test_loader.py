@@ -305,8 +305,12 @@ def test_default_prefetch_follows_a_byte_budget_but_keeps_every_thread_busy(thre
 
 def test_default_prefetch_on_a_gpu_adds_a_place_per_copy_stream():
     from fastload._loader import default_prefetch
-    from fastload._sources.protocol import batch_bytes_of
+    from fastload._config import default_config
     ds = fl.Dataset({"x": np.zeros((1000, 40_000), np.float32)})
+
+    def batch_bytes_of(source, batch_size):  # one full batch, as the Loader sizes it
+        return default_config(source, batch_size, "cpu").batch_bytes
+
     assert default_prefetch(batch_bytes_of(ds, 64), num_threads=2, copy_streams=0) == 2
     assert default_prefetch(batch_bytes_of(ds, 64), num_threads=2, copy_streams=3) == 5
     assert default_prefetch(batch_bytes_of(ds, 1), num_threads=2, copy_streams=3) == 32

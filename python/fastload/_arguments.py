@@ -1,5 +1,6 @@
-"""Argument checks shared by the Loader and its sources: integers, the limits every size must stay
-within before it reaches C++, and this machine's memory. All arithmetic is on exact Python ints."""
+"""Argument checks shared by the Loader and its sources: integers, and the limits every size must
+stay within before it reaches C++ (against this machine's memory, from _machine). All arithmetic
+is on exact Python ints."""
 from __future__ import annotations
 
 import operator

@@ -84,6 +84,7 @@ class Loader:
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
+    ``loader.config`` holds every setting as resolved at construction (see docs/configuration.md).
     """
 
     def __init__(self, source: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,

@@ -58,7 +58,6 @@ class Schedule:
         self.run_start = 0  # the running epoch's start position (non-zero after a resume)
         self.pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
         self.last_epoch = -1
-        self.replicas = config.replicas()  # data-parallel consumers of the last run: world_size x devices
 
     # ---------------------------------------------------------------- the interface
     def length(self) -> int:
@@ -91,6 +90,11 @@ class Schedule:
         return None
 
     # ---------------------------------------------------------------- shared bookkeeping
+    @property
+    def replicas(self) -> int:
+        """Data-parallel consumers of the last run: world_size x its devices."""
+        return self.config.replicas(self.outputs)
+
     def handed(self) -> int:
         """Batches of the running epoch handed out on every output."""
         return min(self.run.handed(d) for d in range(self.outputs))
@@ -121,7 +125,6 @@ class Schedule:
         self.run, self.outputs = run, devices
         self.run_start, self.last_epoch = start, epoch
         self.pending = None
-        self.replicas = self.config.replicas(devices)
 
 
 class EpochSchedule(Schedule):
@@ -280,7 +283,7 @@ class StreamSchedule(Schedule):
         runs, st, c = self.runs, self.stream, self.config
         if runs.resume is not None:  # loaded, not started yet: the same state back
             return dict(runs.resume.state)
-        g = c.batch_size * self.replicas
+        g = c.global_batch(self.outputs)
         if self.run is None or self.pending is not None:
             anchor = st.anchor_for(g) if self.run is None else self.run_anchor
             epoch, step, steps_per_epoch = self._standing(anchor)

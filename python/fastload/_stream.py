@@ -17,7 +17,9 @@ from typing import Any, Sequence
 from . import _C
 from ._mix_quota import normalised, quotas
 
-# Must match the Loader's order="block" settings (_loader.py).
+# order="block": samples per block (large enough that a block is a long sequential read), and over
+# shards, the shards whose samples are shuffled together (more small ones until a window holds
+# BLOCK_SIZE samples). The one copy: the epoch samplers (_schedules.py) use these too.
 BLOCK_SIZE = 4096
 WINDOW_SHARDS = 4
 

@@ -530,6 +530,26 @@ TEST_CASE(engine_fail_at_step_and_allocator_failure_surface_as_errors) {
   }
 }
 
+// The layout the Python side built (to choose a default prefetch) is the one the engine sizes its
+// buffers from; one built for other options is refused. The memory bound's two counts.
+TEST_CASE(engine_uses_the_layout_it_is_given) {
+  const Source src(50);
+  EngineOptions o;
+  o.batch_size = 8;
+  o.with_index = true;
+  auto schema = ArraySource(src.specs()).schema();
+  o.layout = std::make_shared<const BatchLayout>(schema, true, false, 8);
+  Engine e(src.specs(), o);
+  CHECK(e.layout_ptr() == o.layout);
+  auto p = e.start(make_plans(make_cfg(50, 8, 1, 0, true), {0}, 0));
+  consume_all(e.layout(), *p, 0, nullptr);
+  o.layout = std::make_shared<const BatchLayout>(schema, false, false, 8);  // without the index part
+  CHECK_THROWS(Engine(src.specs(), o), std::invalid_argument, "layout");
+  o.layout = std::make_shared<const BatchLayout>(schema, true, false, 9);  // other max rows
+  CHECK_THROWS(Engine(src.specs(), o), std::invalid_argument, "layout");
+  static_assert(batches_in_use(4) == 5 && batches_held(4) == 6, "the window, the batch in use, the hand-over");
+}
+
 TEST_CASE(engine_constructor_and_start_argument_errors) {
   const Source src(50);
   EngineOptions o;

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .. import _C
 from .._arguments import _as_int
 
 __all__ = ["Source", "declare_shards", "redeclare"]
@@ -73,17 +72,6 @@ def redeclare(source: Any, shard_rows: list[int] | None) -> Any:
     if shard_rows is not None and source.shard_rows is None:
         declare_shards(source, shard_rows)
     return source
-
-
-def batch_layout(native: Any, max_rows: int, with_index: bool, with_valid: bool, with_source: bool = False) -> Any:
-    """The layout of this source's batches (part names, types and sizes), from the native side."""
-    return _C.BatchLayout(native, max_rows, with_index, with_valid, with_source)
-
-
-def batch_bytes_of(source: Any, batch_size: int, with_index: bool = False, with_valid: bool = False) -> int:
-    """Bytes of one full batch of a source over every part (as the native layout counts them)."""
-    rows = min(batch_size, len(source))
-    return batch_layout(source.native_source(), rows, with_index, with_valid).batch_bytes(rows)
 
 
 def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: Any = None,

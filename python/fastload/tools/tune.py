@@ -467,9 +467,9 @@ def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs
     import, unpickle the dataset) at the first iter(), and that is not what is measured."""
     # One loader over the whole source (rank 0 of 1, also under torchrun), dropping the epoch's
     # short last batch unless it is the only one: every batch holds `rows` samples.
-    rows = min(batch_size, len(source))
     loader = _loader(source, batch_size, device, knobs, shuffle=shuffle, seed=seed,
                      drop_last=len(source) >= batch_size, rank=0, world_size=1)
+    rows = loader.config.max_rows
     on_cuda = device.type == "cuda"
     clock = time.perf_counter
     try:
