@@ -374,7 +374,10 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next iter() run this epoch (from the resumed position, if it is the one
-        load_state_dict restored)."""
+        load_state_dict restored). With an iterator live mid-epoch (Lightning makes the epoch's
+        iterator before on_train_epoch_start): the live iterator's own epoch changes nothing;
+        another epoch applies to the next iter(), and until then state_dict() still counts the
+        batches the live iterator hands out."""
         if self._steps is not None:
             raise ValueError(f"a loader with steps={self._steps} has no epochs: each iter() continues with the next "
                              "step not handed out yet (state_dict()/load_state_dict() resume anywhere)")
@@ -384,11 +387,22 @@ class Loader:
         with self._lock:
             if self._runs is not None and self._runs.resume is not None and self._runs.resume.epoch == epoch:
                 return
+            if self._live_run() and self._run.epoch == epoch:
+                self._pending = None  # the live epoch: the last call wins over an earlier other one
+                return
             if self._pending is not None and self._pending[0] == epoch:
                 return
             if self._runs is not None:
                 self._runs.resume = None
             self._pending = (epoch, 0)
+
+    def _live_run(self) -> bool:
+        """Whether the running epoch is mid-way (batches handed out, more to come, not superseded):
+        its iterator may still give the next batch, so state_dict() counts it even when set_epoch
+        has chosen another epoch for the next iter() (under self._lock)."""
+        run = self._run
+        return (run is not None and not run.superseded and not _finished(run, self._outputs)
+                and min(run.handed(d) for d in range(self._outputs)) > 0)
 
     # ------------------------------------------------------------------ iteration
     def _check_usable(self) -> None:
@@ -495,7 +509,7 @@ class Loader:
         with self._lock:
             if self._runs is not None:
                 return self._stream_state()
-            if self._pending is not None:
+            if self._pending is not None and not self._live_run():
                 epoch, position = self._pending
             elif self._run is None:
                 epoch, position = self._last_epoch + 1, 0
@@ -516,7 +530,7 @@ class Loader:
             return dict(runs.resume.state)
         replicas = self._replicas
         g = self._batch_size * replicas
-        if self._run is None or self._pending is not None:
+        if self._run is None or (self._pending is not None and not self._live_run()):
             anchor = st.anchor_for(g) if self._run is None else self._run_anchor
             epoch = 0 if self._steps is not None else (self._pending[0] if self._pending else self._last_epoch + 1)
             g = anchor.global_batch
