@@ -5,6 +5,7 @@ the core and wraps each column's memory as a tensor (DLPack, no copy).
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -119,6 +120,30 @@ class Loader:
         steps: train for exactly this many full batches, across as many epochs of each source as
             it takes (len(loader) == steps; each iter() continues with the next step; no
             set_epoch). A Mix without steps= has epochs of ceil(len(mix) / global batch) steps.
+        num_workers: the same knob as num_threads (DataLoader's name): the threads, or with
+            workers="processes" the worker processes, that build batches; give one of the two.
+            0 is refused (there is no main-process mode).
+
+    Python datasets only (see "Python datasets" in the README):
+        workers: "threads" (default: the collation threads call __getitem__; for code that
+            releases the GIL) or "processes" (spawned worker processes, started at the first
+            iter() and kept; for pure-Python __getitem__; the dataset must be picklable).
+        pad, max_length: {"field": pad value}, {"field": slot length}: a field whose first axis
+            varies is padded to max_length (longer rows cut), plus "<field>_lengths"; give both.
+        collate_fn: f(list of samples) -> the batch, instead of fastload's collation.
+        worker_init_fn: f(worker_index), once in each worker thread or process.
+        timeout: seconds a __getitem__ (a process worker's batch) may take before next() raises
+            TimeoutError naming the sample. A thread stuck in your code is never waited for: a new
+            iter(), close() and interpreter exit leave it behind (stats().left_behind_threads,
+            one warning) and go on; a stuck worker process is replaced at the next iter().
+        pin_memory, persistent_workers: accepted and ignored (always so: batches for a GPU are
+            built in page-locked memory; workers live as long as the loader).
+
+    Random augmentations: fl.sample_rng() inside __getitem__ is seeded from (seed, epoch, sample
+    index), the same for any workers and after a resume. With workers="processes", torch's global
+    generator and Python's `random` are also seeded from (seed, epoch, index) before each
+    __getitem__, so unmodified torchvision random transforms are reproducible. With threads they
+    are not (the threads share those generators): use fl.sample_rng(), or processes.
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
@@ -234,6 +259,7 @@ class Loader:
             sources = self._mix.stream_sources() if self._mix is not None else StreamSources.single(source)
             self._runs = StreamRuns(Stream(sources, seed=self._seed, shuffle=self._shuffle, order=order),
                                     self._steps, len(self._mix if self._mix is not None else source))
+            self._check_steps_fit()
         self._run_anchor: Anchor | None = None  # the schedule the running stream run uses
         self._run: Any = None  # the running epoch (_C.Epoch)
         self._outputs = 1  # iterators of the running epoch (devices after split)
@@ -266,6 +292,20 @@ class Loader:
             how = "with collate_fn" if source.collates else "with samples that are not dicts"
             raise ValueError(f"{what} adds 'index'/'valid' to each batch dict; that is not possible {how}: "
                              "return a dict from __getitem__")
+
+    def _check_steps_fit(self) -> None:
+        """steps= must fit the stream at this global batch: each source's stream position (its
+        samples so far, up to its quota + 1 per step) stays below 2**62. Checked here rather than
+        at the first iter()."""
+        if self._steps is None:
+            return
+        g = self._batch_size * self._world_size
+        base, _ = self._runs.stream.quotas(g)
+        most = (_MAX_STEPS - 1) // (max(base) + 1)
+        if self._steps > most:
+            raise ValueError(f"steps={self._steps} is more than a stream at global batch {g} (batch_size x world_size) "
+                             f"can run: at most {most} steps (2**62 // {max(base) + 1}, every source's stream position "
+                             "staying below 2**62)")
 
     @staticmethod
     def _check_stream_options(even: str, partition: str) -> None:
@@ -432,9 +472,8 @@ class Loader:
                 epoch, start = self._last_epoch + 1, 0
             if self._run is not None:
                 self._run.superseded = True
-            if self._workers is not None and not self._workers.started:
-                fds, pids = self._workers.start()
-                _C._attach_workers(self._native, fds, pids, self._workers.memory)
+            if self._workers is not None:
+                self._start_workers()
             if self._runs is not None:
                 run = self._start_stream(stream_run, indices)
             else:
@@ -442,11 +481,30 @@ class Loader:
                 self._run_start = start
                 self._last_epoch = epoch
             self._pending = None
+            self._warn_left_behind(self._engine)
             self._run, self._outputs = run, len(devices)
             self._replicas = self._world_size * len(devices)
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream,
                                    self._standin_tensors)
                     for d, i in enumerate(indices)]
+
+    def _start_workers(self) -> None:
+        """Starts the worker processes at the first iter() (again after a start was interrupted),
+        and replaces them when one is stuck in the dataset (a call past timeout=, which the last
+        epoch raised): its collation thread would otherwise wait for it forever (under self._lock)."""
+        workers = self._workers
+        if workers.started and self._engine.overdue():
+            logging.getLogger("fastload").warning(
+                "fastload is replacing its worker processes: %s; the new epoch starts with fresh ones",
+                self._engine.overdue())
+            workers.shutdown_sockets()  # the collation thread waiting on the stuck worker sees end of file
+            self._engine.stop_epoch()  # and returns: nothing uses the old sockets after this
+            fds, pids = workers.restart()
+        elif not workers.started:
+            fds, pids = workers.start()
+        else:
+            return
+        _C._attach_workers(self._native, fds, pids, workers.memory)
 
     def _next_stream_run(self, devices: int) -> tuple[int, int, int, Anchor, list[Any]]:
         """(epoch, first step, end step, anchor, one sampler per device) of a step-based loader's
@@ -618,6 +676,17 @@ class Loader:
         engine.close()  # in a forked child this leaves the parent's threads alone
         if workers is not None:
             workers.stop()
+        self._warn_left_behind(engine)
+
+    def _warn_left_behind(self, engine: Any) -> None:
+        """Logs once per loader that collation threads were left behind, stuck in the dataset."""
+        if getattr(self, "_left_behind_warned", False) or not engine.left_behind():
+            return
+        self._left_behind_warned = True
+        logging.getLogger("fastload").warning(
+            "fastload left %d collation thread(s) behind, stuck in the dataset's code (%s): they could not be "
+            "stopped, so they were not waited for and end when their call returns; the loader goes on with fresh "
+            "threads (see stats().left_behind_threads)", engine.left_behind(), engine.left_behind_in() or "a call")
 
     def __enter__(self) -> "Loader":
         return self
@@ -644,6 +713,7 @@ class Loader:
                        "num_threads": self._num_threads, "prefetch": self._prefetch, "streams": self._streams}
             else:
                 run = self._engine.stats(self._run)
+            run["left_behind_threads"] = self._engine.left_behind()
             return LoaderStats._from_native(run, memory, self._source_stats(run) if self._runs is not None else None)
 
     def _source_stats(self, run: dict[str, Any]) -> dict[str, SourceStats]:
