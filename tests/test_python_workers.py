@@ -494,10 +494,12 @@ def test_a_forked_childs_exit_leaves_the_parents_worker_processes_alone():
             os.waitpid(child, 0)
             seen += [int(v) for b in it for v in b["i"]]
             print("seen", len(seen), sorted(seen) == list(range(64)))
+            again = [int(v) for b in loader for v in b["i"]]  # a new epoch: the workers must still be there
+            print("again", len(again), sorted(again) == list(range(64)))
             loader.close()
     """)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "seen 64 True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "seen 64 True" in proc.stdout and "again 64 True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
 def test_ctrl_c_while_worker_processes_start_keeps_processes_and_prints_no_worker_traceback():
