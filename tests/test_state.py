@@ -223,3 +223,38 @@ def test_set_epoch_with_the_live_epoch_of_a_mix_keeps_counting():
     ref = [b["x"].numpy() for b in mixed()]
     assert all(np.array_equal(a, b)
                for a, b in zip(taken + [b["x"].numpy() for b in resumed], ref, strict=True))
+
+
+def test_load_state_dict_with_a_live_iterator_ends_it_and_the_state_is_the_loaded_one():
+    run = make()
+    it = iter(run)
+    next(it)
+    saved = make()
+    saved.set_epoch(2)
+    saved_it = iter(saved)
+    for _ in range(3):
+        next(saved_it)
+    state = saved.state_dict()
+    run.load_state_dict(state)  # the live iterator's epoch ends: its batches no longer count
+    assert run.state_dict() == state
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(it)
+    run.set_epoch(2)  # the loaded epoch: the position is kept
+    ref = make()
+    ref.set_epoch(2)
+    rest = ids(run)
+    assert all(np.array_equal(a, b) for a, b in zip(rest, ids(ref)[3:], strict=True))
+
+
+def test_set_epoch_with_another_epoch_after_split_applies_to_the_next_split_and_counts_the_live_one():
+    run = make()
+    its = run.split(["cpu", "cpu"])
+    for it in its:
+        next(it)
+    run.set_epoch(5)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (0, 64)
+    its = run.split(["cpu", "cpu"])
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (5, 0)
+    for it in its:
+        next(it)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (5, 64)
