@@ -730,7 +730,7 @@ def test_a_conjugate_view_tensor_is_resolved():
     assert torch.equal(got, want)
 
 
-def test_getitems_returning_a_generator_is_refused_naming_getitems():
+def test_getitems_returning_a_generator_is_read_as_every_batch_is_and_a_non_iterable_is_named():
     class Gen:
         def __len__(self):
             return 4
@@ -739,10 +739,17 @@ def test_getitems_returning_a_generator_is_refused_naming_getitems():
             return {"v": i}
 
         def __getitems__(self, ids):
-            return ({"v": i} for i in ids)
+            return ({"v": 10 * i} for i in ids)
 
-    with pytest.raises(TypeError, match=r"__getitems__ must return a sequence.*returned generator"):
-        fl.Loader(Gen(), 2, device="cpu")
+    batches = list(fl.Loader(Gen(), 2, device="cpu", num_workers=1))  # the construction's probe and the threads agree
+    assert [b["v"].tolist() for b in batches] == [[0, 10], [20, 30]]
+
+    class Number(Gen):
+        def __getitems__(self, ids):
+            return 7
+
+    with pytest.raises(TypeError, match=r"__getitems__ must return the samples .*Number.__getitems__\(\[0\]\) returned int"):
+        fl.Loader(Number(), 2, device="cpu")
 
 
 def test_help_documents_every_argument():

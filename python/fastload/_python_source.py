@@ -227,13 +227,14 @@ class PythonSource:
                        for n in ((leaf[0], _C.ragged_lengths_name(leaf[0])) if leaf[1] == "ragged" else (leaf[0],))]
 
     def _first_of_getitems(self) -> Any:
-        """__getitems__([0])[0], or a TypeError naming __getitems__ when it returns no sequence
-        (a generator, say), as the collation threads would say of every batch."""
+        """__getitems__([0])[0], read as the collation threads read every batch's: any iterable of
+        samples (a generator too) is taken whole; anything else is a TypeError naming __getitems__."""
         samples = self._getitems([0])
-        if isinstance(samples, (str, bytes, Mapping)) or not hasattr(samples, "__len__") \
-                or not hasattr(samples, "__getitem__"):
-            raise TypeError(f"dataset.__getitems__ must return a sequence of samples (a list), one per index; "
+        if isinstance(samples, (str, bytes, Mapping)) or not hasattr(samples, "__iter__"):
+            raise TypeError(f"dataset.__getitems__ must return the samples (a list, one per index); "
                             f"{type(self._dataset).__name__}.__getitems__([0]) returned {type(samples).__name__}")
+        if not isinstance(samples, (list, tuple)):
+            samples = list(samples)
         if len(samples) != 1:
             raise ValueError(f"dataset.__getitems__ returned {len(samples)} samples for 1 index "
                              f"({type(self._dataset).__name__}.__getitems__([0]))")
