@@ -504,3 +504,46 @@ def test_with_source_needs_dict_samples_from_python_datasets():
         fl.Loader(fl.Mix([Pairs(), Pairs()], with_source=True), 2)
     tuples = fl.Loader(fl.Mix([Pairs(), Pairs()]), 2, steps=2)
     assert [len(b) for b in tuples] == [2, 2]
+
+
+# ---------------------------------------------------------------- issue 26, item 7: one check for Loader and Mix
+class Feat:
+    """A map-style dataset that happens to have a `dim` attribute (not a tensor)."""
+
+    dim = 3
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"f": np.full(self.dim, i, np.float32)}
+
+
+def test_mix_takes_a_dataset_with_a_dim_attribute_as_the_loader_does():
+    rows = [b["f"][:, 0] for b in fl.Loader(Feat(), 4, num_threads=1, device="cpu")]
+    assert sorted(float(v) for r in rows for v in r) == list(range(8))
+    loader = fl.Loader(fl.Mix({"a": Feat(), "b": Feat()}), 4, num_threads=1, device="cpu")
+    assert sum(len(b["f"]) for b in loader) == len(loader) * 4
+
+
+def test_mix_refuses_what_the_loader_refuses_with_the_same_words():
+    import torch
+
+    class Both(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from range(3)
+
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return {"v": i}
+
+    for bad, said in ((Feat, "the class Feat itself: construct it first"),
+                      (Both(), "is a torch IterableDataset \\(Both\\)"),
+                      (np.zeros(3), "an array is not a dataset"),
+                      (torch.zeros(3), "an array is not a dataset")):
+        with pytest.raises(TypeError, match=said):
+            fl.Loader(bad, 2, device="cpu")
+        with pytest.raises(TypeError, match=f"Mix source 'b' .*{said}"):
+            fl.Mix({"a": Feat(), "b": bad})

@@ -555,3 +555,206 @@ def test_a_loop_starved_by_a_slow_getitem_is_told_to_raise_num_workers(caplog):
             pass
     hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
     assert len(hints) == 1 and "raise num_workers (now 1)" in hints[0], hints
+
+
+# ---------------------------------------------------------------- a __getitem__ that never returns
+# A thread stuck in the dataset's code cannot be stopped: it is left behind (counted in stats(),
+# warned about once) and never waited for, whether the loop ends, close() runs, a new epoch starts
+# or the interpreter exits (issue 26, item 2).
+STUCK = """
+    import sys, time, numpy as np, fastload as fl
+
+    class Stuck:
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            if i == 6:
+                time.sleep(3600)
+            return {"v": np.full(3, i)}
+"""
+
+
+@pytest.mark.parametrize("ending", ["inline", "kept", "closed"])
+def test_a_stuck_getitem_with_timeout_never_hangs_the_program(ending):
+    make = "loader = fl.Loader(Stuck(), 4, num_workers=2, timeout=1)"
+    loop = {"inline": "for b in fl.Loader(Stuck(), 4, num_workers=2, timeout=1): pass",
+            "kept": f"{make}\n    for b in loader: pass",
+            "closed": f"{make}\n    for b in loader: pass"}[ending]
+    after = "loader.close()\nprint('closed', flush=True)\n" if ending == "closed" else ""
+    code = textwrap.dedent(STUCK) + (
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        f"    {loop}\n"
+        "except TimeoutError as e:\n"
+        "    print('caught', round(time.monotonic() - t0), flush=True)\n") + after
+    t0 = time.monotonic()
+    proc = _run(code, timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    caught = proc.stdout.split()
+    assert caught[:1] == ["caught"] and int(caught[1]) <= 4, proc.stdout
+    assert took < 25, took
+    if ending == "closed":
+        assert "closed" in proc.stdout
+
+
+def test_a_stuck_thread_is_left_behind_counted_and_warned_about_once(caplog):
+    release = threading.Event()
+    calls = collections.Counter()
+
+    class Stuck:
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            calls[i] += 1
+            if i == 6 and calls[i] == 1:  # only the first call: the next epoch reads it at once
+                release.wait(60)
+            return {"v": np.full(3, i)}
+
+    loader = fl.Loader(Stuck(), 4, device="cpu", num_workers=2, timeout=0.5)
+    try:
+        with pytest.raises(TimeoutError):
+            list(loader)
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="fastload"):
+            batches = list(loader)  # the next epoch: not blocked by the stuck thread
+            list(loader)
+        assert time.monotonic() - t0 < 5
+        assert loader.stats().left_behind_threads == 1
+        warned = [r for r in caplog.records if "thread(s) behind" in r.getMessage()]
+        assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+        assert "dataset[6]" in warned[0].getMessage()
+        # The epoch after it is complete and right: the stuck sample is fetched again by a fresh thread
+        # (sample 6 sleeps only in the first call's thread, which never reached the others).
+        assert sorted(int(v) for b in batches for v in b["v"][:, 0]) == list(range(40))
+    finally:
+        release.set()
+        t0 = time.monotonic()
+        loader.close()
+        assert time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------- issue 26, items 5, 6, 8, 11, 12, 14
+class Growing:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return {"v": i}
+
+
+def test_a_dataset_whose_length_changed_is_refused_at_the_next_iter_naming_both_lengths():
+    ds = Growing(10)
+    loader = fl.Loader(ds, 4, device="cpu", num_workers=1)
+    assert sorted(int(v) for b in loader for v in b["v"]) == list(range(10))
+    ds.n = 14
+    with pytest.raises(ValueError, match=r"len\(dataset\) is 14, but it was 10 when the Loader was built"):
+        iter(loader)
+    with pytest.raises(ValueError, match=r"len\(dataset\) is 14, but it was 10"):
+        loader.split(["cpu"])
+    ds.n = 10  # back to the length it was built with: fine again
+    assert sorted(int(v) for b in loader for v in b["v"]) == list(range(10))
+    loader.close()
+
+
+def test_a_mix_part_whose_length_changed_is_refused_at_the_next_iter():
+    a, b = Growing(10), Growing(6)
+    loader = fl.Loader(fl.Mix({"a": a, "b": b}), 4, device="cpu", num_workers=1)
+    list(loader)
+    b.n = 9
+    with pytest.raises(ValueError, match=r"source 1 \(Growing\) is 9, but it was 6"):
+        iter(loader)
+    loader.close()
+
+
+@pytest.mark.parametrize("odd, said", [({0: 111, 1: 222}, "is dict, the first sample's was a tuple"),
+                                       (b"\x07\x08", "is bytes, the first sample's was a tuple"),
+                                       ("ab", "is str, the first sample's was a tuple"),
+                                       (np.array([7, 8]), "is numpy.ndarray, the first sample's was a tuple")])
+def test_a_sample_of_another_structure_is_a_sample_error_not_wrong_values(odd, said):
+    class Odd:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return odd if i == 3 else (10 * i, 20 * i)
+
+    loader = fl.Loader(Odd(), 4, device="cpu", num_workers=1)
+    with pytest.raises(fl.SampleError, match=rf"sample 3.*{said}"):
+        list(loader)
+    loader.close()
+
+
+def test_a_list_sample_after_a_tuple_one_is_still_read():
+    class Mixed:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return [i, 2 * i] if i % 2 else (i, 2 * i)
+
+    (batch,) = list(fl.Loader(Mixed(), 4, device="cpu", num_workers=1))
+    assert batch[0].tolist() == [0, 1, 2, 3] and batch[1].tolist() == [0, 2, 4, 6]
+
+
+def test_max_length_without_pad_is_refused_at_construction():
+    class Tokens:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"tokens": np.arange(i + 1)}
+
+    with pytest.raises(ValueError, match=r"max_length names field\(s\) \['tokens'\] without pad="):
+        fl.Loader(Tokens(), 2, device="cpu", max_length={"tokens": 8})
+
+
+def test_a_conjugate_view_tensor_is_resolved():
+    class Conj:
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return {"z": ((torch.arange(3, dtype=torch.float32) + i) * (1 + 1j)).to(torch.complex64).conj()}
+
+    batches = list(fl.Loader(Conj(), 3, device="cpu", num_workers=1))
+    got = torch.cat([b["z"] for b in batches])
+    want = torch.stack([Conj()[i]["z"].resolve_conj() for i in range(6)])
+    assert torch.equal(got, want)
+
+
+def test_getitems_returning_a_generator_is_read_as_every_batch_is_and_a_non_iterable_is_named():
+    class Gen:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"v": i}
+
+        def __getitems__(self, ids):
+            return ({"v": 10 * i} for i in ids)
+
+    batches = list(fl.Loader(Gen(), 2, device="cpu", num_workers=1))  # the construction's probe and the threads agree
+    assert [b["v"].tolist() for b in batches] == [[0, 10], [20, 30]]
+
+    class Number(Gen):
+        def __getitems__(self, ids):
+            return 7
+
+    with pytest.raises(TypeError, match=r"__getitems__ must return the samples .*Number.__getitems__\(\[0\]\) returned int"):
+        fl.Loader(Number(), 2, device="cpu")
+
+
+def test_help_documents_every_argument():
+    doc = fl.Loader.__doc__
+    for name in ("num_workers", "workers", "pad", "max_length", "collate_fn", "worker_init_fn", "timeout",
+                 "pin_memory", "persistent_workers", "steps", "sample_rng"):
+        assert f"{name}" in doc, name
+    assert "torch's global\n    generator" in doc or "torch's global generator" in doc

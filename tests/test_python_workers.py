@@ -434,3 +434,138 @@ def test_the_stand_in_refuses_copies_from_unregistered_worker_memory():
                 timeout=180)
     assert proc.returncode != 0 or "misuses 0" not in proc.stdout, proc.stdout
     assert "source not page-locked" in proc.stderr + proc.stdout, (proc.stdout, proc.stderr[-2000:])
+
+
+# ---------------------------------------------------------------- issue 26
+class Pids:
+    """Picklable: each sample says which process built it."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"i": i, "pid": os.getpid()}
+
+
+class StuckOnce:
+    """Picklable: sample 10 never returns the first time it is read (a marker file says so)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 10 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(120)
+        return {"i": i}
+
+
+def test_a_stuck_worker_process_is_replaced_at_the_next_epoch(tmp_path):
+    loader = fl.Loader(StuckOnce(str(tmp_path / "stuck")), 4, device="cpu", workers="processes", num_workers=2,
+                       timeout=1.0)
+    try:
+        with pytest.raises(TimeoutError):
+            batches(loader)
+        old = loader._workers.pids()
+        t0 = time.monotonic()
+        got = sorted(int(v) for b in batches(loader) for v in b["i"])  # the next epoch: not blocked
+        assert time.monotonic() - t0 < 60
+        assert got == list(range(40))
+        assert not any(alive(p) for p in old if p not in loader._workers.pids())
+    finally:
+        loader.close()
+
+
+def test_a_forked_childs_exit_leaves_the_parents_worker_processes_alone():
+    proc = _run("""
+        import os, sys
+        import fastload as fl
+        from test_python_workers import Pids
+        if __name__ == "__main__":
+            loader = fl.Loader(Pids(), 4, device="cpu", workers="processes", num_workers=2)
+            it = iter(loader)
+            seen = [int(v) for v in next(it)["i"]]
+            child = os.fork()
+            if child == 0:
+                sys.exit(0)  # multiprocessing's exit handler runs here, in the child
+            os.waitpid(child, 0)
+            seen += [int(v) for b in it for v in b["i"]]
+            print("seen", len(seen), sorted(seen) == list(range(64)))
+            again = [int(v) for b in loader for v in b["i"]]  # a new epoch: the workers must still be there
+            print("again", len(again), sorted(again) == list(range(64)))
+            loader.close()
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "seen 64 True" in proc.stdout and "again 64 True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_ctrl_c_while_worker_processes_start_keeps_processes_and_prints_no_worker_traceback():
+    code = textwrap.dedent("""
+        import os, signal, threading, time
+        import fastload as fl
+        from test_python_workers import Pids
+        if __name__ == "__main__":
+            loader = fl.Loader(Pids(), 4, device="cpu", workers="processes", num_workers=2)
+            # Ctrl-C goes to the whole process group, workers starting included.
+            threading.Timer(0.3, lambda: os.killpg(os.getpgid(0), signal.SIGINT)).start()
+            try:
+                for b in loader:
+                    pass
+                print("not interrupted")
+            except KeyboardInterrupt:
+                print("interrupted")
+            pids = {int(p) for b in loader for p in b["pid"]}
+            print("main", os.getpid(), "built by", *sorted(pids))
+            loader.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(__file__), start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interrupted" in proc.stdout, proc.stdout
+    main = int(proc.stdout.split("main")[1].split()[0])
+    built = {int(p) for p in proc.stdout.split("built by")[1].split()}
+    assert main not in built and len(built) >= 1, proc.stdout  # the next epoch runs in worker processes
+    assert "KeyboardInterrupt" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_lambda_collate_fn_or_worker_init_fn_is_named_when_it_cannot_be_pickled():
+    with pytest.raises(TypeError, match=r"collate_fn .*cannot be pickled"):
+        fl.Loader(Records(), 4, device="cpu", workers="processes", collate_fn=lambda s: s)
+    with pytest.raises(TypeError, match=r"worker_init_fn .*cannot be pickled"):
+        fl.Loader(Records(), 4, device="cpu", workers="processes", worker_init_fn=lambda k: None)
+
+
+class TorchRandom:
+    """Picklable: an augmentation that draws from torch's and Python's global generators, as
+    torchvision's random transforms do."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        import random
+        return {"t": torch.rand(3), "r": random.random()}
+
+
+def test_processes_seed_torch_and_random_per_sample_from_seed_epoch_and_index():
+    def run(seed, workers, epochs=2):
+        with fl.Loader(TorchRandom(), 4, device="cpu", workers="processes", num_workers=workers, seed=seed,
+                       shuffle=True) as loader:
+            out = []
+            for _ in range(epochs):
+                rows = {}
+                for b in loader:
+                    for k in range(len(b["r"])):
+                        rows[float(b["r"][k])] = b["t"][k]
+                out.append(rows)
+            return out
+
+    a, b, c = run(7, 2), run(7, 1), run(8, 2)
+    for ea, eb in zip(a, b):  # the same seed: the same draws for any number of workers
+        assert sorted(ea) == sorted(eb)
+        assert all(torch.equal(ea[k], eb[k]) for k in ea)
+    assert sorted(a[0]) != sorted(a[1])  # another epoch: other draws
+    assert sorted(a[0]) != sorted(c[0])  # another seed: other draws

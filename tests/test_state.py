@@ -128,3 +128,133 @@ def test_state_values_are_checked_and_numpy_integers_accepted():
     resumed = make()
     resumed.load_state_dict({**state, "position": np.int64(state["position"]), "epoch": np.int64(0)})
     assert len(list(resumed)) == len(run) - 1
+
+
+# ---------------------------------------------------------------- set_epoch with a live iterator
+# Lightning makes the epoch's iterator first and calls set_epoch(current_epoch) after (in
+# on_train_epoch_start): set_epoch with the live iterator's own epoch changes nothing, so that
+# state_dict() keeps counting its batches (issue 26, item 1).
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_set_epoch_with_the_live_iterators_epoch_keeps_counting(epoch):
+    run = make()
+    for _ in range(epoch):  # epochs before: each iter() runs the next one
+        list(run)
+    it = iter(run)
+    run.set_epoch(epoch)
+    taken = ids(next(it) for _ in range(10))
+    state = run.state_dict()
+    assert (state["epoch"], state["position"]) == (epoch, 320)
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed_it = iter(resumed)
+    resumed.set_epoch(epoch)  # the same recipe on resume: nothing changes
+    ref = make()
+    ref.set_epoch(epoch)
+    assert all(np.array_equal(a, b) for a, b in zip(taken + ids(resumed_it), ids(ref), strict=True))
+
+
+def test_set_epoch_with_the_live_epoch_after_split_keeps_counting():
+    run = make()
+    its = run.split(["cpu", "cpu"])
+    run.set_epoch(0)
+    for _ in range(3):
+        for it in its:
+            next(it)
+    state = run.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 3 * 64)
+
+
+def test_set_epoch_with_another_epoch_while_live_applies_to_the_next_iter_and_counts_the_live_one():
+    run = make()
+    it = iter(run)
+    next(it)
+    next(it)
+    run.set_epoch(4)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (0, 64)  # the live one still counts
+    next(it)  # the live iterator goes on with its own epoch, counted
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (0, 96)
+    ref = make()
+    ref.set_epoch(4)
+    assert all(np.array_equal(a, b) for a, b in zip(ids(run), ids(ref), strict=True))  # then epoch 4
+
+
+def test_set_epoch_with_another_epoch_before_anything_is_taken_is_the_state():
+    run = make()
+    it = iter(run)  # nothing taken: the iterator does not use up its epoch
+    run.set_epoch(6)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (6, 0)
+    del it
+
+
+def test_set_epoch_after_the_epoch_ended_reruns_it():
+    run = make()
+    first = ids(run)
+    run.set_epoch(0)  # the iterator is exhausted: not live, so epoch 0 again
+    assert run.state_dict()["epoch"] == 0 and run.state_dict()["position"] == 0
+    assert all(np.array_equal(a, b) for a, b in zip(ids(run), first, strict=True))
+
+
+def test_set_epoch_with_the_live_epoch_cancels_an_earlier_other_one():
+    run = make()
+    it = iter(run)
+    next(it)
+    run.set_epoch(3)
+    run.set_epoch(0)  # the live epoch again: the last call wins, nothing pending
+    list(it)
+    assert run.state_dict()["epoch"] == 1
+    ref = make()
+    ref.set_epoch(1)
+    assert all(np.array_equal(a, b) for a, b in zip(ids(run), ids(ref), strict=True))
+
+
+def test_set_epoch_with_the_live_epoch_of_a_mix_keeps_counting():
+    def mixed():
+        return fl.Loader(fl.Mix({"a": fl.Dataset({"x": np.arange(300)}), "b": fl.Dataset({"x": np.arange(500)})},
+                                weights={"a": 0.5, "b": 0.5}), batch_size=16, shuffle=True, seed=1)
+
+    run = mixed()
+    it = iter(run)
+    run.set_epoch(0)
+    taken = [next(it)["x"].numpy().copy() for _ in range(5)]
+    state = run.state_dict()
+    assert state["step"] == 5
+    resumed = mixed()
+    resumed.load_state_dict(state)
+    ref = [b["x"].numpy() for b in mixed()]
+    assert all(np.array_equal(a, b)
+               for a, b in zip(taken + [b["x"].numpy() for b in resumed], ref, strict=True))
+
+
+def test_load_state_dict_with_a_live_iterator_ends_it_and_the_state_is_the_loaded_one():
+    run = make()
+    it = iter(run)
+    next(it)
+    saved = make()
+    saved.set_epoch(2)
+    saved_it = iter(saved)
+    for _ in range(3):
+        next(saved_it)
+    state = saved.state_dict()
+    run.load_state_dict(state)  # the live iterator's epoch ends: its batches no longer count
+    assert run.state_dict() == state
+    with pytest.raises(RuntimeError, match="ended by a newer iter"):
+        next(it)
+    run.set_epoch(2)  # the loaded epoch: the position is kept
+    ref = make()
+    ref.set_epoch(2)
+    rest = ids(run)
+    assert all(np.array_equal(a, b) for a, b in zip(rest, ids(ref)[3:], strict=True))
+
+
+def test_set_epoch_with_another_epoch_after_split_applies_to_the_next_split_and_counts_the_live_one():
+    run = make()
+    its = run.split(["cpu", "cpu"])
+    for it in its:
+        next(it)
+    run.set_epoch(5)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (0, 64)
+    its = run.split(["cpu", "cpu"])
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (5, 0)
+    for it in its:
+        next(it)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (5, 64)

@@ -270,3 +270,18 @@ def test_sampler_seeds_and_phase():
     assert s.seeds == [5] and s.phase == _C.mix_phase(5)
     two = _C.StreamSampler([10, 4], [0, 10], [[], []], 5, True, "random", 4096, 4, 2, 1, 0, [1, 1], [0, 0], 0, [0, 0])
     assert len(set(two.seeds)) == 2 and 5 not in two.seeds
+
+
+@pytest.mark.parametrize("batch, steps", [(4, 2**61), (1, 2**62), (1, 2**61)])
+def test_steps_beyond_what_the_stream_can_hold_are_refused_at_construction(batch, steps):
+    ds = fl.Dataset({"x": np.arange(100)})
+    with pytest.raises(ValueError, match=rf"steps={steps} is more than a stream at global batch {batch} .*at most \d+"):
+        fl.Loader(ds, batch, steps=steps, num_threads=1)
+
+
+def test_the_largest_steps_accepted_at_construction_also_starts():
+    ds = fl.Dataset({"x": np.arange(100)})
+    most = (2**62 - 1) // 5
+    loader = fl.Loader(ds, 4, steps=most, num_threads=1)
+    assert len(next(iter(loader))["x"]) == 4
+    loader.close()

@@ -476,3 +476,21 @@ def test_bad_dataset_classes_are_usage_errors_before_measuring(npy: Path, capsys
     assert time.perf_counter() - began < 20
     assert code == 2 and out == ""
     assert says in one_error_line(err), err
+
+
+def test_ctrl_c_while_tune_builds_a_dataset_exits_with_130():
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "fastload", "tune", "tune_datasets:SlowToBuild", "--batch-size", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TESTS)
+    try:
+        assert proc.stderr.readline().strip() == "building"  # inside the dataset's constructor now
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err

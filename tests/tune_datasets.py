@@ -60,3 +60,15 @@ class FailsToBuild(Points):
 class IntKeys(Points):
     def __getitem__(self, i: int) -> dict:
         return {0: self.x[i]}  # a batch's fields are named by strings
+
+
+class SlowToBuild(Points):
+    """Says it is being built, then takes a minute: a Ctrl-C lands while tune builds the source."""
+
+    def __init__(self, n: int = 100):
+        import sys
+        import time
+
+        print("building", file=sys.stderr, flush=True)
+        time.sleep(60)
+        super().__init__(n)

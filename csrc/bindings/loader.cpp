@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -33,6 +34,9 @@ namespace fastload {
 namespace {
 
 constexpr std::chrono::milliseconds kSignalCheckInterval{50};
+// Without timeout=: how long stopping an epoch waits for a thread still in a Python dataset's
+// code before leaving it behind (a sample that takes longer than this is not an ordinary one).
+constexpr std::chrono::milliseconds kStuckGrace{5000};
 
 // A wait ended because the epoch was cancelled.
 struct Cancelled {};
@@ -70,6 +74,8 @@ class PyEngine {
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
+    threads_call_dataset_ = python_ && !o.host_memory;  // with worker processes, they wait on sockets
+    set_stop_policy();
   }
 
   ~PyEngine() {
@@ -201,7 +207,20 @@ class PyEngine {
     return run;
   }
   const std::shared_ptr<PythonSource>& python_source() const { return python_; }
-  void set_timeout(double seconds) { timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
+  void set_timeout(double seconds) {
+    timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    set_stop_policy();
+  }
+  int64_t left_behind() const { return runtime_->left_behind(); }
+  // A call into the dataset (a worker process's batch) running past timeout= (or kStuckGrace
+  // without one): what it is, or "".
+  std::string overdue() const {
+    return python_ ? python_->overdue(timeout_.count() > 0 ? timeout_ : kStuckGrace) : std::string();
+  }
+  // Cancels the running epoch and waits for its threads (under the stop policy): nothing uses
+  // the source until the next start().
+  void stop_epoch() { without_gil([&] { runtime_->stop_epoch(); }); }
+  std::string left_behind_in() const { return runtime_->left_behind_in(); }
   const BatchLayout& layout() const { return runtime_->layout(); }
   std::shared_ptr<BatchLayout> layout_copy() const { return std::make_shared<BatchLayout>(runtime_->layout()); }
   void set_misuse(const std::string& m) { runtime_->set_misuse(parse_misuse(m)); }
@@ -280,6 +299,26 @@ class PyEngine {
     return std::move(parts);
   }
 
+  // Collation threads that call a Python dataset may be stuck in it for good: stopping an epoch
+  // (a new iter(), close(), interpreter exit) waits for them at most `timeout` (when given; once
+  // a call is overdue, not at all), else kStuckGrace, then leaves them behind. Worker processes are
+  // not left behind: close() wakes their threads by shutting the sockets, and ends the processes.
+  void set_stop_policy() {
+    if (!threads_call_dataset_) return;
+    StopPolicy policy;
+    policy.grace = timeout_.count() > 0 ? timeout_ : kStuckGrace;
+    std::weak_ptr<PythonSource> source = python_;
+    const std::chrono::milliseconds limit = timeout_.count() > 0 ? timeout_ : kStuckGrace;
+    policy.stuck = [source, limit] {
+      auto s = source.lock();
+      return s ? s->overdue(limit) : std::string();
+    };
+    policy.left_behind = [source](int) {
+      if (auto s = source.lock()) s->retire_calls();
+    };
+    runtime_->set_stop_policy(std::move(policy));
+  }
+
   static py::dict stage(const StageTimes& t) {
     py::dict d;
     d["count"] = t.count();
@@ -292,6 +331,7 @@ class PyEngine {
   py::object source_;  // the BatchSource; declared first: destroyed last, after the runtime joined its threads
   std::shared_ptr<PythonSource> python_;  // the source, when it is a Python dataset
   std::chrono::milliseconds timeout_{0};  // a call into the dataset longer than this fails next()
+  bool threads_call_dataset_ = false;     // the collation threads call a Python dataset themselves
   std::unique_ptr<LoaderRuntime> runtime_;
   std::vector<py::str> names_;
   bool counting_ = true;
@@ -518,6 +558,10 @@ void register_loader(py::module_& m) {
       .def("stats", &PyEngine::stats, py::arg("epoch"))
       .def_property_readonly("layout", &PyEngine::layout_copy)
       .def("set_timeout", &PyEngine::set_timeout, py::arg("seconds"))
+      .def("left_behind", &PyEngine::left_behind)
+      .def("overdue", &PyEngine::overdue)
+      .def("stop_epoch", &PyEngine::stop_epoch)
+      .def("left_behind_in", &PyEngine::left_behind_in)
       .def("_set_misuse", &PyEngine::set_misuse)
       .def("_set_counting", &PyEngine::set_counting);
 

@@ -152,6 +152,14 @@ class Buffer {
       }
       PyErr_Clear();
       holder_ = PyRef::steal(PyObject_CallMethod(detached.get(), "numpy", nullptr));
+      if (!holder_) {
+        // A conjugate or negative view (x.conj()) has no numpy form until it is resolved: resolve
+        // it here (a copy), only on this rare path.
+        PyErr_Clear();
+        PyRef resolved = PyRef::steal(PyObject_CallMethod(detached.get(), "resolve_conj", nullptr));
+        if (resolved) resolved = PyRef::steal(PyObject_CallMethod(resolved.get(), "resolve_neg", nullptr));
+        if (resolved) holder_ = PyRef::steal(PyObject_CallMethod(resolved.get(), "numpy", nullptr));
+      }
       if (!holder_) return fail();
       obj = holder_.get();
     }
@@ -291,6 +299,12 @@ PythonSource::Call& PythonSource::call_slot(int thread) const {
   return *calls_[static_cast<size_t>(thread)];
 }
 
+void PythonSource::retire_calls() {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  for (auto& call : calls_) retired_calls_.push_back(std::move(call));
+  calls_.clear();
+}
+
 std::string PythonSource::overdue(std::chrono::milliseconds limit) const {
   const int64_t now = coarse_now_ns();  // the clock since_ns is read from
   std::lock_guard<std::mutex> lock(calls_mutex_);
@@ -403,9 +417,13 @@ void PythonSource::write(const TreeNode& node, PyObject* value, int64_t row, int
       return;
     }
     default: {
+      // A tuple or list like the first sample: not any sequence (bytes, a dict read by its keys, an
+      // array), which would be batched as wrong values.
+      if (!PyTuple_Check(value) && !PyList_Check(value))
+        field_error(id, path.text(), std::string("is ") + type_name(value) + ", the first sample's was a " +
+                                         (node.kind == TreeNode::List ? "list" : "tuple"));
       PyRef seq = PyRef::steal(PySequence_Fast(value, "not a sequence"));
-      if (!seq || (node.kind != TreeNode::Dict && PyUnicode_Check(value)))
-        field_error(id, path.text(), std::string("is ") + type_name(value) + ", the first sample's was a sequence");
+      if (!seq) user_error(id, "dataset");
       const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.get());
       if (static_cast<size_t>(n) != node.children.size())
         field_error(id, path.text(), "has " + std::to_string(n) + " elements, the first sample's " +

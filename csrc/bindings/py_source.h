@@ -107,6 +107,10 @@ class PythonSource final : public BatchSource {
   // for how long (for the loader's timeout=).
   std::string overdue(std::chrono::milliseconds limit) const;
   bool collates() const { return collate_.get() != nullptr; }
+  // The collation threads were left behind (stuck in the dataset): their call slots are kept for
+  // them but no longer read, so that the fresh threads that take their indices start clean (no
+  // stale overdue call, worker_init_fn runs on each).
+  void retire_calls();
   // Visits every Python object this source holds a reference to (for the cycle collector, through
   // the BatchSource handle that owns it; see bindings/source.h).
   int traverse(visitproc visit, void* arg) const;
@@ -137,6 +141,7 @@ class PythonSource final : public BatchSource {
   };
   mutable std::mutex calls_mutex_;
   mutable std::vector<std::unique_ptr<Call>> calls_;  // by collation thread; grows under calls_mutex_
+  std::vector<std::unique_ptr<Call>> retired_calls_;  // of threads left behind (they may still write)
   Call& call_slot(int thread) const;
 };
 

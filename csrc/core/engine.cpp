@@ -81,12 +81,51 @@ void Engine::check_not_forked() const {
         "). Create a new Loader in the child process.");
 }
 
-void Engine::stop_current() {
+void Engine::stop_current(bool restart) {
   if (!current_) return;
   current_->cancel();
-  threads_->wait_idle();
+  join_job(restart);
+  // Only ready batches go back: a batch a thread left behind still writes stays with that thread.
   current_->release_unconsumed();  // reusable by the next epoch, even if Python keeps the old one
   current_.reset();
+}
+
+bool Engine::join_job(bool restart) {
+  if (!stop_policy_.stuck) {
+    threads_->wait_idle();
+    return true;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + stop_policy_.grace;
+  std::string stuck;
+  for (;;) {
+    if (threads_->wait_idle_for(std::chrono::milliseconds(10))) return true;
+    stuck = stop_policy_.stuck();
+    if (!stuck.empty() || std::chrono::steady_clock::now() >= deadline) break;
+  }
+  const int left = threads_->abandon();
+  threads_.reset();  // joins nothing: abandon() detached them
+  if (left > 0) {
+    if (left_behind_ == 0) left_behind_in_ = stuck;
+    left_behind_ += left;
+    if (stop_policy_.left_behind) stop_policy_.left_behind(left);
+  }
+  if (restart) threads_ = std::make_unique<ThreadPool>(options_.num_threads);
+  return left == 0;
+}
+
+void Engine::set_stop_policy(StopPolicy policy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stop_policy_ = std::move(policy);
+}
+
+int64_t Engine::left_behind() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return left_behind_;
+}
+
+std::string Engine::left_behind_in() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return left_behind_in_;
 }
 
 std::shared_ptr<Pipeline> Engine::start(std::vector<EpochPlan> plans, int64_t fail_at_step) {
@@ -185,6 +224,12 @@ std::shared_ptr<Pipeline> Engine::start(std::vector<OutputSpec> outputs, int64_t
   return pipeline;
 }
 
+void Engine::stop_epoch() {
+  if (fork_generation() != fork_generation_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (threads_) stop_current();
+}
+
 void Engine::cancel_current() {
   if (fork_generation() != fork_generation_) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -195,7 +240,7 @@ void Engine::close() {
   if (fork_generation() != fork_generation_) return;  // the destructor leaks in a child
   std::lock_guard<std::mutex> lock(mutex_);
   if (!threads_) return;
-  stop_current();
+  stop_current(/*restart=*/false);
   threads_.reset();
   for (PoolSet& set : sets_)
     for (auto& pool : set.pools) pool->set_keep(0);  // spares go now; buffers users hold return later

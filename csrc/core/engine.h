@@ -3,7 +3,9 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -31,6 +33,17 @@ struct EngineOptions {
   std::shared_ptr<const BatchLayout> layout;
 };
 
+// How long stopping an epoch waits for threads that may be stuck in code that cannot be stopped
+// (a Python dataset's __getitem__). Without a policy, it waits for them however long it takes.
+struct StopPolicy {
+  std::chrono::milliseconds grace{0};  // at most this long
+  // What a thread is known to be stuck in ("" while none is): no more waiting once it says so.
+  // Called without the GIL, from the thread that stops the epoch.
+  std::function<std::string()> stuck;
+  // After threads were left behind, before fresh ones start (with how many were left).
+  std::function<void(int)> left_behind;
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<BatchSource> source, const EngineOptions& options,
@@ -51,10 +64,17 @@ class Engine {
   // Convenience for outputs that are all Python consumers.
   std::shared_ptr<Pipeline> start(std::vector<EpochPlan> plans, int64_t fail_at_step = -1);
   void close();  // cancels and joins the threads; idempotent
+  void stop_epoch();  // cancels the running epoch and waits for its threads (see set_stop_policy)
   // Cancels the running epoch without waiting for its threads (its consumers see Cancelled at
   // once); the next start() or close() joins them.
   void cancel_current();
   bool closed() const;
+  // From now on, stopping an epoch leaves threads still running after the policy's grace behind
+  // (they end when their call returns; none is ever joined) and carries on with fresh ones.
+  void set_stop_policy(StopPolicy policy);
+  // Threads left behind so far, and what the first one was stuck in.
+  int64_t left_behind() const;
+  std::string left_behind_in() const;
   // Throws std::runtime_error if this engine's threads belong to the parent of a fork.
   void check_not_forked() const;
 
@@ -70,7 +90,10 @@ class Engine {
   int num_threads() const { return options_.num_threads; }
 
  private:
-  void stop_current();
+  void stop_current(bool restart = true);
+  // Waits for the current job's threads under the stop policy; false if some were left behind
+  // (threads_ is then a fresh pool if `restart`, else null). mutex_ held.
+  bool join_job(bool restart);
 
   EngineOptions options_;
   std::shared_ptr<BatchSource> source_;
@@ -86,6 +109,9 @@ class Engine {
   mutable std::mutex mutex_;  // serialises start/close
   std::unique_ptr<ThreadPool> threads_;
   std::shared_ptr<Pipeline> current_;
+  StopPolicy stop_policy_;  // guarded by mutex_
+  int64_t left_behind_ = 0;  // guarded by mutex_
+  std::string left_behind_in_;
 };
 
 }  // namespace fastload

@@ -33,6 +33,12 @@ void LoaderRuntime::close() {
   if (pinned_) cuda::flush_deferred_frees();  // the pinned slots the engine's close() let go
 }
 
+void LoaderRuntime::stop_epoch() {
+  engine_->cancel_current();  // first: transfer threads waiting on the pipeline see Cancelled
+  stop_transfers();
+  engine_->stop_epoch();
+}
+
 void LoaderRuntime::stop_transfers() {
   for (auto& t : transfers_)
     if (t) t->stop();

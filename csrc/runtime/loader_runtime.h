@@ -60,6 +60,7 @@ class LoaderRuntime {
   std::shared_ptr<Run> start(std::vector<std::shared_ptr<const BatchPlan>> plans, int64_t fail_at_step,
                              const std::vector<int>& devices);
   void close();  // stops the threads, drains the streams; batches users hold stay valid
+  void stop_epoch();  // cancels the running epoch and waits for its threads; call without the GIL
 
   // The next batch of a CPU output / a GPU output (the consumer's `stream` is made to wait on
   // its copy). Wait at most `timeout`; `ready`, if not null, gets the batches that were ready
@@ -78,6 +79,10 @@ class LoaderRuntime {
   const BatchLayout& layout() const { return *layout_; }
   const std::shared_ptr<const BatchLayout>& layout_ptr() const { return layout_; }
   int num_threads() const { return engine_->num_threads(); }
+  // See Engine::set_stop_policy: threads stuck in a Python dataset's code are left behind.
+  void set_stop_policy(StopPolicy policy) { engine_->set_stop_policy(std::move(policy)); }
+  int64_t left_behind() const { return engine_->left_behind(); }
+  std::string left_behind_in() const { return engine_->left_behind_in(); }
   int64_t prefetch() const { return prefetch_; }
   int streams() const { return streams_; }
   void check_not_forked() const { engine_->check_not_forked(); }

@@ -7,6 +7,7 @@ the Loader's schedule's (_schedules.py: epochs, steps= or a Mix).
 """
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -78,9 +79,29 @@ class Loader:
         steps: train for exactly this many full batches, across as many epochs of each source as
             it takes (len(loader) == steps; each iter() continues with the next step; no
             set_epoch). A Mix without steps= has epochs of ceil(len(mix) / global batch) steps.
-        pad, max_length, collate_fn, worker_init_fn, workers, timeout: options of a Python dataset
-            (see ``fastload.PythonSource``, which takes them too); accepted here for code written
-            for torch's DataLoader. timeout also bounds each next() over any source.
+
+    Python datasets only (``fastload.PythonSource`` takes them too; accepted here for code written
+    for torch's DataLoader; see docs/python-datasets.md):
+        workers: "threads" (default: the collation threads call __getitem__; for code that
+            releases the GIL) or "processes" (spawned worker processes, started at the first
+            iter() and kept; for pure-Python __getitem__; the dataset must be picklable).
+        pad, max_length: {"field": pad value}, {"field": slot length}: a field whose first axis
+            varies is padded to max_length (longer rows cut), plus "<field>_lengths"; give both.
+        collate_fn: f(list of samples) -> the batch, instead of fastload's collation.
+        worker_init_fn: f(worker_index), once in each worker thread or process.
+        timeout: seconds a __getitem__ (a process worker's batch) may take before next() raises
+            TimeoutError naming the sample (it also bounds each next() over any source). A thread
+            stuck in your code is never waited for: a new iter(), close() and interpreter exit
+            leave it behind (stats().left_behind_threads, one warning) and go on; a stuck worker
+            process is replaced at the next iter().
+        pin_memory, persistent_workers: accepted and ignored (always so: batches for a GPU are
+            built in page-locked memory; workers live as long as the loader).
+
+    Random augmentations: fl.sample_rng() inside __getitem__ is seeded from (seed, epoch, sample
+    index), the same for any workers and after a resume. With workers="processes", torch's global
+    generator and Python's `random` are also seeded from (seed, epoch, index) before each
+    __getitem__, so unmodified torchvision random transforms are reproducible. With threads they
+    are not (the threads share those generators): use fl.sample_rng(), or processes.
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
     ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
@@ -217,13 +238,41 @@ class Loader:
             schedule = self._schedule
             prepared = schedule.prepare(len(devices))  # raises before anything changes
             schedule.mark_superseded()
-            if self._workers is not None and not self._workers.started:
-                fds, pids = self._workers.start()
-                _C._attach_workers(self._native, fds, pids, self._workers.memory)
+            if self._workers is not None:
+                self._start_workers()
             run = schedule.start(self._engine, prepared, len(devices), self._fail_at_batch, indices)
+            self._warn_left_behind(self._engine)
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream,
                                    self._standin_tensors)
                     for d, i in enumerate(indices)]
+
+    def _start_workers(self) -> None:
+        """Starts the worker processes at the first iter() (again after a start was interrupted),
+        and replaces them when one is stuck in the dataset (a call past timeout=, which the last
+        epoch raised): its collation thread would otherwise wait for it forever (under self._lock)."""
+        workers = self._workers
+        if workers.started and self._engine.overdue():
+            logging.getLogger("fastload").warning(
+                "fastload is replacing its worker processes: %s; the new epoch starts with fresh ones",
+                self._engine.overdue())
+            workers.shutdown_sockets()  # the collation thread waiting on the stuck worker sees end of file
+            self._engine.stop_epoch()  # and returns: nothing uses the old sockets after this
+            fds, pids = workers.restart()
+        elif not workers.started:
+            fds, pids = workers.start()
+        else:
+            return
+        _C._attach_workers(self._native, fds, pids, workers.memory)
+
+    def _warn_left_behind(self, engine: Any) -> None:
+        """Logs once per loader that collation threads were left behind, stuck in the dataset."""
+        if getattr(self, "_left_behind_warned", False) or not engine.left_behind():
+            return
+        self._left_behind_warned = True
+        logging.getLogger("fastload").warning(
+            "fastload left %d collation thread(s) behind, stuck in the dataset's code (%s): they could not be "
+            "stopped, so they were not waited for and end when their call returns; the loader goes on with fresh "
+            "threads (see stats().left_behind_threads)", engine.left_behind(), engine.left_behind_in() or "a call")
 
     def _gpu_index(self, device: torch.device) -> int:
         """-1 for the CPU; else the GPU's index, after checking (at the first GPU iter(), never
@@ -283,6 +332,7 @@ class Loader:
         engine.close()  # in a forked child this leaves the parent's threads alone
         if workers is not None:
             workers.stop()
+        self._warn_left_behind(engine)
 
     def __enter__(self) -> "Loader":
         return self
@@ -311,6 +361,7 @@ class Loader:
                        "num_threads": c.num_threads, "prefetch": c.prefetch, "copy_streams": c.copy_streams}
             else:
                 run = self._engine.stats(schedule.run)
+            run["left_behind_threads"] = self._engine.left_behind()
             return LoaderStats._from_native(run, memory, schedule.source_stats(run))
 
     def _memory(self) -> dict[str, int]:

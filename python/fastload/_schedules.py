@@ -110,6 +110,13 @@ class Schedule:
         """Global position after the steps handed out on every output."""
         return self.run.position_after(0, self.handed())
 
+    def live(self) -> bool:
+        """Whether the running epoch is mid-way (batches handed out, more to come, not superseded):
+        its iterator may still give the next batch, so state_dict() counts it even when set_epoch
+        has chosen another epoch for the next iter()."""
+        run = self.run
+        return run is not None and not run.superseded and not self.finished() and self.handed() > 0
+
     def mark_superseded(self) -> None:
         if self.run is not None:
             self.run.superseded = True
@@ -155,6 +162,9 @@ class EpochSchedule(Schedule):
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self.lock:
+            if self.live() and self.run.epoch == epoch:
+                self.pending = None  # the live epoch: the last call wins over an earlier other one
+                return
             if self.pending is not None and self.pending[0] == epoch:
                 return
             self.pending = (epoch, 0)
@@ -181,7 +191,7 @@ class EpochSchedule(Schedule):
         return run
 
     def state_dict(self) -> dict[str, Any]:
-        if self.pending is not None:
+        if self.pending is not None and not self.live():
             epoch, position = self.pending
         elif self.run is None:
             epoch, position = self.last_epoch + 1, 0
@@ -284,7 +294,7 @@ class StreamSchedule(Schedule):
         if runs.resume is not None:  # loaded, not started yet: the same state back
             return dict(runs.resume.state)
         g = c.global_batch(self.outputs)
-        if self.run is None or self.pending is not None:
+        if self.run is None or (self.pending is not None and not self.live()):
             anchor = st.anchor_for(g) if self.run is None else self.run_anchor
             epoch, step, steps_per_epoch = self._standing(anchor)
             if step < anchor.origin:
@@ -338,6 +348,22 @@ class StepSchedule(StreamSchedule):
     """steps=N: one run of global steps [0, N) over the stream; each iter() continues from the
     first step no output has handed out yet; no epochs."""
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._check_steps_fit()
+
+    def _check_steps_fit(self) -> None:
+        """steps= must fit the stream at this global batch: each source's stream position (its
+        samples so far, up to its quota + 1 per step) stays below 2**62. Checked at construction
+        rather than at the first iter()."""
+        steps, g = self.config.steps, self.config.global_batch()
+        base, _ = self.stream.quotas(g)
+        most = (MAX_STEPS - 1) // (max(base) + 1)
+        if steps > most:
+            raise ValueError(f"steps={steps} is more than a stream at global batch {g} (batch_size x world_size) "
+                             f"can run: at most {most} steps (2**62 // {max(base) + 1}, every source's stream position "
+                             "staying below 2**62)")
+
     def length(self) -> int:
         return self.config.steps
 
@@ -372,6 +398,9 @@ class MixSchedule(StreamSchedule):
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self.lock:
             if self.runs.resume is not None and self.runs.resume.epoch == epoch:
+                return
+            if self.live() and self.run.epoch == epoch:
+                self.pending = None  # the live epoch: the last call wins over an earlier other one
                 return
             if self.pending is not None and self.pending[0] == epoch:
                 return

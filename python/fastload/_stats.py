@@ -50,6 +50,9 @@ class LoaderStats:
       device copy streams per GPU; ``streams`` is its old name, deprecated).
     - pinned_bytes, device_bytes, host_bytes: memory the loader's pools hold (batches you keep
       included); host_allocations, device_allocations: buffers allocated so far.
+    - left_behind_threads: collation threads left behind so far (whole loader), stuck in a Python
+      dataset's code when an epoch stopped (see timeout= in the README); each ends when its
+      call returns, and is never waited for.
     - sources: a step-based loader's (a Mix, or steps=) per-source counts, by source name (see
       SourceStats); empty otherwise.
     """
@@ -74,6 +77,7 @@ class LoaderStats:
     device_allocations: int = 0
     user_s: float = 0.0
     sources: dict[str, SourceStats] = field(default_factory=dict)
+    left_behind_threads: int = 0
 
     @property
     def streams(self) -> int:
@@ -101,7 +105,7 @@ class LoaderStats:
                    pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
                    device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0),
-                   sources=dict(sources or {}))
+                   sources=dict(sources or {}), left_behind_threads=run.get("left_behind_threads", 0))
 
     def __str__(self) -> str:
         def ms(s: float) -> str:

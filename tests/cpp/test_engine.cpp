@@ -347,6 +347,43 @@ TEST_CASE(engine_cancel_wakes_a_blocked_consumer_and_close_joins_busy_workers) {
   }
 }
 
+// A stop policy: threads stuck in a build (here in the allocator, as a Python dataset's
+// __getitem__ may be) are left behind after the grace, never joined, and the engine goes on with
+// fresh threads; the ones left behind finish safely when they are released (ASan/TSan check it).
+TEST_CASE(engine_leaves_stuck_threads_behind_under_a_stop_policy) {
+  const Source src(300);
+  EngineOptions o;
+  o.num_threads = 2;
+  o.prefetch = 2;
+  o.with_index = true;
+  o.batch_size = 10;
+  const SamplerConfig c = make_cfg(src.n, 10, 1, 0, true);
+  for (int how = 0; how < 2; ++how) {  // 0: a new epoch, 1: close()
+    auto gate = std::make_shared<GatedAllocator>();
+    auto e = std::make_unique<Engine>(src.specs(), o, gate);
+    std::atomic<int> told{0};
+    StopPolicy policy;
+    policy.grace = milliseconds(50);
+    policy.stuck = [] { return std::string(); };
+    policy.left_behind = [&](int n) { told += n; };
+    e->set_stop_policy(policy);
+    auto p = e->start(make_plans(c, {0}, 0));
+    CHECK(gate->wait_for_waiters(2));  // both threads are stuck in a build
+    const auto t0 = std::chrono::steady_clock::now();
+    std::shared_ptr<Pipeline> q;
+    if (how == 0) q = e->start(make_plans(c, {0}, 1));
+    else e->close();
+    CHECK_MSG(seconds_since(t0) < 5, "how=" << how << ": waited " << seconds_since(t0) << " s for stuck threads");
+    CHECK_MSG(e->left_behind() == 2 && told == 2, "how=" << how << ": left " << e->left_behind() << ", told " << told);
+    gate->open();  // the stuck threads return, finish their cancelled build and end
+    if (q) CHECK(consume_all(e->layout(), *q, 0, nullptr) == 30);  // fresh threads ran the whole epoch
+    const auto t1 = std::chrono::steady_clock::now();
+    while (p.use_count() > 1 && seconds_since(t1) < 20) std::this_thread::sleep_for(milliseconds(5));
+    CHECK_MSG(p.use_count() == 1, "the threads left behind still hold their epoch");
+    e.reset();
+  }
+}
+
 TEST_CASE(engine_held_batches_never_block_and_never_change) {
   const Source src(2000);
   EngineOptions o;

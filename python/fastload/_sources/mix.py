@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from .. import _C
 from .._mix_quota import normalised
 from .python import PythonSource, id_offset
-from .protocol import Source
+from .protocol import Source, check_map_style
 from .._stream import StreamSources
 
 __all__ = ["Mix"]
@@ -112,12 +112,9 @@ class Mix:
                 raise TypeError(f"Mix source {name!r} is a fastload.PythonSource: pass the dataset itself")
             if isinstance(p, Source):
                 kinds.append("native")
-            elif hasattr(p, "__getitem__") and hasattr(p, "__len__") and not isinstance(p, (str, bytes, Mapping)) \
-                    and not hasattr(p, "__array_interface__") and not hasattr(p, "dim"):
-                kinds.append("python")
             else:
-                raise TypeError(f"Mix source {name!r} must be a fastload source (fl.Dataset, fl.Windows, "
-                                f"fl.Dataset.open(...)) or a map-style dataset, got {type(p).__name__}")
+                check_map_style(p, f"Mix source {name!r}")  # the Loader's own check
+                kinds.append("python")
         if len(set(kinds)) > 1:
             native = [n for n, k in zip(self._names, kinds) if k == "native"]
             python = [n for n, k in zip(self._names, kinds) if k == "python"]
@@ -321,6 +318,14 @@ class _Concatenation:
 
     def __len__(self) -> int:
         return self.offsets[-1]
+
+    def check_lengths(self) -> None:
+        """Refuses a part whose len() changed since the Mix was built (see PythonSource.check_length)."""
+        for k, p in enumerate(self.parts):
+            if len(p) != self.offsets[k + 1] - self.offsets[k]:
+                raise ValueError(f"len() of the Mix's source {k} ({type(p).__name__}) is {len(p)!r}, but it was "
+                                 f"{self.offsets[k + 1] - self.offsets[k]} when the Loader was built: fastload samples, "
+                                 "resumes and plans over the lengths it was built with; build a new Mix and Loader")
 
     def __getitem__(self, i: int) -> Any:
         j = bisect.bisect_right(self.offsets, i) - 1

@@ -86,19 +86,33 @@ def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: 
             raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to {type(obj).__name__}: "
                              "an array source is gathered natively (Ragged columns pad natively)")
         return obj
+    check_map_style(obj)
+    from .python import PythonSource  # noqa: PLC0415 - only Python datasets need it
+
+    return PythonSource(obj, seed=seed, **options)
+
+
+def check_map_style(obj: Any, what: str = "source") -> None:
+    """Refuses, saying what to pass instead, anything but a map-style Python dataset (an object
+    with __len__ and __getitem__): an array or tensor, a dataset class, a torch IterableDataset, a
+    str, bytes or dict. The one check for the Loader and for a Mix's sources."""
     kind = type(obj).__name__
-    if hasattr(obj, "__array_interface__") or type(obj).__module__.startswith("torch") and hasattr(obj, "dim"):
-        raise TypeError(f"source must be a dataset, got {kind}: an array is not a dataset: wrap it, "
+    if hasattr(obj, "__array_interface__") or _is_tensor(obj) or (type(obj).__module__.startswith("torch")
+                                                                   and hasattr(obj, "dim")):
+        raise TypeError(f"{what} must be a dataset, got {kind}: an array is not a dataset: wrap it, "
                         "fl.Dataset({'x': x}) (rows are samples, gathered natively)")
     if isinstance(obj, type):
-        raise TypeError(f"source must be a dataset object, got the class {obj.__name__} itself: construct it first")
-    refuse_iterable_dataset(obj)
-    if hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, (str, bytes, Mapping)):
-        from .python import PythonSource  # noqa: PLC0415 - only Python datasets need it
+        raise TypeError(f"{what} must be a dataset object, got the class {obj.__name__} itself: construct it first")
+    refuse_iterable_dataset(obj, what)
+    if not (hasattr(obj, "__getitem__") and hasattr(obj, "__len__")) or isinstance(obj, (str, bytes, Mapping)):
+        raise TypeError(f"{what} must be a fastload source (fl.Dataset, fl.Windows, fl.Dataset.open(...)) or a "
+                        f"map-style dataset (an object with __len__ and __getitem__), got {kind}")
 
-        return PythonSource(obj, seed=seed, **options)
-    raise TypeError(f"source must be a fastload source (fl.Dataset, fl.Windows, fl.Dataset.open(...)) or a map-style "
-                    f"dataset (an object with __len__ and __getitem__), got {kind}")
+
+def _is_tensor(obj: Any) -> bool:
+    import torch  # noqa: PLC0415 - loaded with fastload anyway
+
+    return isinstance(obj, torch.Tensor)
 
 
 def refuse_iterable_dataset(obj: Any, what: str = "source") -> None:

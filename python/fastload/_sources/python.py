@@ -214,6 +214,10 @@ class PythonSource:
         self._getitems = getitems if callable(getitems) else None
         pads = _check_options("pad", pad, object)
         lengths = _check_options("max_length", max_length, int)
+        unpadded = sorted(set(lengths) - set(pads))
+        if unpadded:  # as pad= without max_length= is refused: the field would fail at its first batch
+            raise ValueError(f"max_length names field(s) {unpadded} without pad=: a field is padded to its max_length "
+                             f"only with a pad value; give pad={{{unpadded[0]!r}: 0}} (or the value to pad with) too")
         if collate_fn is not None:
             if pads or lengths:
                 raise ValueError("pad and max_length apply to the loader's own collation, not with collate_fn")
@@ -223,7 +227,7 @@ class PythonSource:
             self._names: list[str] = []
             return
         with _probing(seed):
-            first = self._getitems([0])[0] if self._getitems else dataset[0]
+            first = self._first_of_getitems() if self._getitems else dataset[0]
         inference = _Inference(pads, lengths)
         self._tree = inference.node(first, "", False)
         unknown = (set(pads) | set(lengths)) - inference.used
@@ -234,6 +238,39 @@ class PythonSource:
         self._dict = self._tree[0] == "dict"
         self._names = [n for leaf in self._leaves if leaf[1] != "object"
                        for n in ((leaf[0], _C.ragged_lengths_name(leaf[0])) if leaf[1] == "ragged" else (leaf[0],))]
+
+    def _first_of_getitems(self) -> Any:
+        """__getitems__([0])[0], read as the collation threads read every batch's: any iterable of
+        samples (a generator too) is taken whole; anything else is a TypeError naming __getitems__."""
+        samples = self._getitems([0])
+        if isinstance(samples, (str, bytes, Mapping)) or not hasattr(samples, "__iter__"):
+            raise TypeError(f"dataset.__getitems__ must return the samples (a list, one per index); "
+                            f"{type(self._dataset).__name__}.__getitems__([0]) returned {type(samples).__name__}")
+        if not isinstance(samples, (list, tuple)):
+            samples = list(samples)
+        if len(samples) != 1:
+            raise ValueError(f"dataset.__getitems__ returned {len(samples)} samples for 1 index "
+                             f"({type(self._dataset).__name__}.__getitems__([0]))")
+        return samples[0]
+
+    def check_length(self) -> None:
+        """Refuses a dataset whose len() changed since the Loader was built: the sampler, state_dict()
+        and plan() are over the length read then (DataLoader would read the new one)."""
+        parts = getattr(self._dataset, "check_lengths", None)  # a Mix's datasets, end to end
+        if parts is not None:
+            return parts()
+        size = len(self._dataset)
+        if size != self._size:
+            raise ValueError(f"len(dataset) is {size!r}, but it was {self._size} when the Loader was built: fastload "
+                             "samples, resumes and plans over the length it was built with; build a new Loader over "
+                             "the dataset as it is now")
+
+    def fingerprint(self) -> int:
+        return self._size
+
+    def check_fingerprint(self, fp: Any) -> None:
+        """At every iter(): the length has not changed (see check_length)."""
+        self.check_length()
 
     def __len__(self) -> int:
         return self._size

@@ -47,10 +47,73 @@ def _failure(e: BaseException) -> tuple[bytes, bytes]:
     return str(e).encode(errors="replace"), pickled
 
 
+# ---------------------------------------------------------------------------- global generators
+_MASK = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: nearby inputs give unrelated outputs."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of torch's and Python's global generators for one sample (63 bits)."""
+    return _mix64(_mix64(_mix64(seed & _MASK) ^ (epoch & _MASK)) ^ (index & _MASK)) >> 1
+
+
+class _Seeded:
+    """The dataset as a worker process calls it: torch's global generator and Python's `random`
+    are seeded from (seed, epoch, sample index) before each __getitem__ (before each
+    __getitems__, from its first index), so augmentations that draw from them (torchvision's
+    random transforms) are the same for any number of workers and after a resume. A worker
+    process runs one sample at a time, so the global generators are its sample's alone."""
+
+    def __init__(self, dataset: Any, getitems: Any):
+        import random
+
+        import torch
+
+        self._dataset, self._getitems = dataset, getitems
+        self._torch_seed, self._random_seed = torch.default_generator.manual_seed, random.seed
+        from .. import _C
+
+        self._context = _C._sample_context
+
+    def _seed(self, index: int) -> None:
+        context = self._context()
+        if context is None:
+            return
+        seed, epoch, _ = context
+        s = sample_seed(seed, epoch, index)
+        self._torch_seed(s)
+        self._random_seed(s)
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        self._seed(index)
+        return self._dataset[index]
+
+    def getitems(self, indices: list) -> Any:
+        self._seed(indices[0] if len(indices) else 0)
+        return self._getitems(indices)
+
+
+def _seeding(dataset: Any, getitems: Any) -> tuple[Any, Any]:
+    seeded = _Seeded(dataset, getitems)
+    return seeded, (seeded.getitems if getitems is not None else None)
+
+
 def main(conn: Any, index: int) -> None:
     # Ctrl-C goes to the whole process group: it is the training loop's to handle; this worker
     # ends when the main process closes its socket (or dies).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Started with SIGINT blocked (see WorkerProcesses._start_all): ignored now, so unblock it, and
+    # what the dataset starts itself gets the usual mask.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     import torch
 
     torch.set_num_threads(1)  # as DataLoader workers: N workers must not each start N compute threads
@@ -66,6 +129,7 @@ def main(conn: Any, index: int) -> None:
         dataset, use_getitems, collate, worker_init, leaves, tree, size = pickle.loads(payload)
         del payload  # a large dataset would otherwise be held twice, pickled and unpickled
         getitems = getattr(dataset, "__getitems__", None) if use_getitems else None
+        dataset, getitems = _seeding(dataset, getitems)
         native = _C._python_source_native(_C.PythonSource(dataset, getitems, collate, worker_init, leaves, tree, size))
     except BaseException as e:  # noqa: BLE001 - reported to start(), which raises it
         message, pickled = _failure(e)
