@@ -21,6 +21,7 @@ from ._workers import WorkerProcesses
 from ._source import Source, as_source, batch_layout, check_fingerprint, fingerprint
 from ._state import check_state, check_stream_state, make_state, make_stream_state
 from ._stats import LoaderStats, SourceStats
+from ._storage.plan import attach_loader, epoch_started
 from ._stream import Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
 
 _EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
@@ -253,6 +254,7 @@ class Loader:
         # Test hook: with raw device batches or stand-in tensors, the consumer stream next() makes
         # a batch ready on (a stream handle of the stand-in driver; 0: the legacy default stream).
         self._test_stream = 0
+        attach_loader(self)  # object storage: a cache_limit below one step's shards is an error now
         _lifecycle.register(self)
 
     @staticmethod
@@ -430,6 +432,8 @@ class Loader:
             self._pending = None
             self._run, self._outputs = run, len(devices)
             self._replicas = self._world_size * len(devices)
+            if self._runs is None:  # object storage: the fetcher prefetches along this epoch's plan
+                epoch_started(self, epoch, run, len(devices))
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream,
                                    self._standin_tensors)
                     for d, i in enumerate(indices)]
