@@ -18,6 +18,17 @@ import fastload as fl
 boto3 = pytest.importorskip("boto3")
 
 
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+CLIENTS = ["boto3"] + (["obstore"] if _has("obstore") else [])  # every S3 client installed
+
+
 # ------------------------------------------------------------------------------------ helpers
 def _client(endpoint):
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
@@ -121,11 +132,14 @@ def test_local_path_refuses_storage_arguments(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ dataset directories
+@pytest.mark.parametrize("client", ["boto3", "obstore"])
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("order", ["random", "block"])
-def test_remote_dataset_batches_equal_local(remote_dir, s3_server, tmp_path, threads, order):
+def test_remote_dataset_batches_equal_local(remote_dir, s3_server, tmp_path, threads, order, client):
+    if not _has(client):
+        pytest.skip(f"{client} is not installed")
     url, local, _ = remote_dir
-    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache")
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0], client=client), cache_dir=tmp_path / "cache")
     here = fl.Dataset.open(local)
     assert len(remote) == len(here) and remote.names == here.names and remote.shard_rows == here.shard_rows
     for epoch in (0, 1):
@@ -210,27 +224,29 @@ def test_cache_smaller_than_one_step_is_an_error_naming_both(remote_blocks, s3_s
         fl.Loader(ds, batch_size=512, shuffle=True, seed=0)
 
 
-def test_missing_dataset_bucket_and_object_name_the_url(s3_server, tmp_path, remote_dir):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_missing_dataset_bucket_and_object_name_the_url(s3_server, tmp_path, remote_dir, client):
     endpoint = s3_server[0]
     bucket = _bucket(endpoint)
     with pytest.raises(FileNotFoundError, match=rf"s3://{bucket}/nothing/manifest.json"):
-        fl.Dataset.open(f"s3://{bucket}/nothing", storage_options=_opts(endpoint), cache_dir=tmp_path)
+        fl.Dataset.open(f"s3://{bucket}/nothing", storage_options=_opts(endpoint, client=client), cache_dir=tmp_path)
     with pytest.raises(FileNotFoundError, match="s3://no-such-bucket-here/x/manifest.json"):
-        fl.Dataset.open("s3://no-such-bucket-here/x", storage_options=_opts(endpoint), cache_dir=tmp_path)
+        fl.Dataset.open("s3://no-such-bucket-here/x", storage_options=_opts(endpoint, client=client), cache_dir=tmp_path)
     url, _, _ = remote_dir
     b, _, prefix = url[5:].partition("/")
     keys = [o["Key"] for o in _client(endpoint).list_objects_v2(Bucket=b, Prefix=prefix)["Contents"]]
     victim = sorted(k for k in keys if k.endswith(".npy"))[3]
     _client(endpoint).delete_object(Bucket=b, Key=victim)
     with pytest.raises(FileNotFoundError, match=rf"s3://{b}/{victim}: no such object"):
-        fl.Dataset.open(url, storage_options=_opts(endpoint), cache_dir=tmp_path / "c")
+        fl.Dataset.open(url, storage_options=_opts(endpoint, client=client), cache_dir=tmp_path / "c")
 
 
 def test_access_denied_is_permission_error(s3_server, s3_proxy, remote_dir, tmp_path):
     url, _, _ = remote_dir
-    s3_proxy.arm("403", match="manifest.json", times=1)
-    with pytest.raises(PermissionError, match=r"manifest.json: access denied"):
-        fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path)
+    for client in CLIENTS:
+        s3_proxy.arm("403", match="manifest.json", times=1)
+        with pytest.raises(PermissionError, match=r"manifest.json: access denied"):
+            fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, client=client), cache_dir=tmp_path)
 
 
 def test_pickle_carries_no_secret_and_reopens(remote_dir, s3_server, tmp_path):
@@ -248,13 +264,14 @@ def test_pickle_carries_no_secret_and_reopens(remote_dir, s3_server, tmp_path):
     assert secret not in repr(loader.state_dict()) and secret not in repr(ds)
 
 
-def test_secret_never_in_errors(s3_server, s3_proxy, remote_dir, tmp_path):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_secret_never_in_errors(s3_server, s3_proxy, remote_dir, tmp_path, client):
     url, _, _ = remote_dir
     secret = "SECRETsecretSECRET0123456789"
     s3_proxy.arm("500", match="manifest.json", times=100)
     with pytest.raises(OSError) as info:
-        fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, key="testing-key-id", secret=secret, max_attempts=2),
-                        cache_dir=tmp_path)
+        fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, key="testing-key-id", secret=secret, max_attempts=2,
+                                                   client=client), cache_dir=tmp_path)
     text = str(info.value) + repr(info.value) + str(info.value.__cause__) + str(info.value.__context__)
     assert secret not in text and "manifest.json" in text
     with pytest.raises(ValueError) as info2:
@@ -309,30 +326,36 @@ def test_remote_windows_bounded_cache(remote_tokens, s3_server, s3_proxy, tmp_pa
 
 
 # ------------------------------------------------------------------------------------ faults
+@pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("kind", ["reset", "503", "truncate", "corrupt", "delay"])
-def test_faults_are_retried(remote_dir, s3_server, s3_proxy, tmp_path, kind):
+def test_faults_are_retried(remote_dir, s3_server, s3_proxy, tmp_path, kind, client):
     url, local, _ = remote_dir
     s3_proxy.arm(kind, match=".npy", times=3, delay=0.3)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, read_timeout=5), cache_dir=tmp_path / "cache")
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, read_timeout=5, client=client),
+                         cache_dir=tmp_path / "cache")
     kw = dict(batch_size=100, shuffle=True, seed=6, num_threads=2)
     _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
     assert s3_proxy.faults[0].times == 0  # every injected fault was met and got past
     assert ds.storage_stats().requests >= 16 + (3 if kind != "delay" else 0)
 
 
-def test_after_the_retry_budget_next_names_url_status_attempts(remote_dir, s3_server, s3_proxy, tmp_path):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_after_the_retry_budget_next_names_url_status_attempts(remote_dir, s3_server, s3_proxy, tmp_path, client):
     url, _, _ = remote_dir
     s3_proxy.arm("503", match="00002.npy", times=1000)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=3), cache_dir=tmp_path / "cache")
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=3, client=client),
+                         cache_dir=tmp_path / "cache")
     loader = fl.Loader(ds, batch_size=125, num_threads=1)
     with pytest.raises(RuntimeError, match=r"GET s3://.*00002\.npy failed after 3 attempts; last: HTTP 503 SlowDown"):
         _batches(loader)
 
 
-def test_corrupt_body_is_fetched_again_then_reported(remote_dir, s3_server, s3_proxy, tmp_path):
+@pytest.mark.parametrize("client", CLIENTS)
+def test_corrupt_body_is_fetched_again_then_reported(remote_dir, s3_server, s3_proxy, tmp_path, client):
     url, _, _ = remote_dir
     s3_proxy.arm("corrupt", match=".npy", times=1000)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=2), cache_dir=tmp_path / "cache")
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=2, client=client),
+                         cache_dir=tmp_path / "cache")
     # botocore checks the CRC the server sends; fastload's checksum is the second line (http below).
     with pytest.raises(RuntimeError, match=r"failed after 2 attempts; last: (corrupt body|FlexibleChecksumError)"):
         _batches(fl.Loader(ds, batch_size=125, num_threads=1))
@@ -422,3 +445,36 @@ def test_processes_share_one_download_per_object(remote_dir, s3_server, s3_proxy
     assert outs == [str(sum(range(1000)))] * 3
     counts = [c for p, c in s3_proxy.gets.items() if p.endswith(".npy")]
     assert len(counts) == 16 and max(counts) == 1  # each shard file fetched once for the node
+
+
+def test_dropped_source_stops_its_threads_and_an_abandoned_epoch_stops_prefetch(remote_blocks, s3_server, s3_proxy,
+                                                                                tmp_path):
+    import gc
+    import threading
+    import time
+
+    url, _, shard = remote_blocks
+
+    def fetch_threads():
+        return [t for t in threading.enumerate() if t.name.startswith(("fastload-prefetch", "fastload-fetch"))]
+
+    gc.collect()
+    before = len(fetch_threads())
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache",
+                         cache_limit=6 * shard)
+    loader = fl.Loader(ds, batch_size=512, shuffle=True, seed=0, order="block", num_threads=1, prefetch=1)
+    it = iter(loader)
+    next(it)
+    assert len(fetch_threads()) > before
+    loader.close()  # the epoch is abandoned: the fetcher stops fetching for it
+    time.sleep(0.5)
+    settled = s3_proxy.total_gets()
+    time.sleep(1.0)
+    assert s3_proxy.total_gets() == settled
+    del it, loader, ds
+    for _ in range(50):
+        gc.collect()
+        if len(fetch_threads()) == before:
+            break
+        time.sleep(0.1)
+    assert len(fetch_threads()) == before

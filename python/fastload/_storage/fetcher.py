@@ -74,7 +74,7 @@ class Fetcher:
         self._occ_order: np.ndarray | None = None
         self._occ_start: np.ndarray | None = None
         self._seq: np.ndarray | None = None
-        self._position: Callable[[], int] = lambda: 0
+        self._position: Callable[[], int | None] = lambda: None
         self._epoch_token = 0
         self._stopped = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -83,9 +83,19 @@ class Fetcher:
 
     # ------------------------------------------------------------------ the collation threads' side
     def bind(self, lazy_files: Any) -> None:
-        """Makes this fetcher the provider of the native LazyFiles (one per source)."""
+        """Makes this fetcher the provider of the native LazyFiles (one per source). The provider
+        holds the fetcher weakly: the fetcher holds the LazyFiles, and a cycle through the native
+        object would keep both (and the prefetch thread) alive for good."""
         self._files = lazy_files
-        lazy_files.set_provider(self.provide)
+        ref = weakref.ref(self)
+
+        def provide(i: int) -> tuple[int, int, int, int]:
+            fetcher = ref()
+            if fetcher is None:
+                raise RuntimeError("the remote source was closed while a batch still needed its files")
+            return fetcher.provide(i)
+
+        lazy_files.set_provider(provide)
 
     def provide(self, i: int) -> tuple[int, int, int, int]:
         """Called by a collation thread before it maps file i: the file is present (fetched now
@@ -171,7 +181,7 @@ class Fetcher:
                 return True
             candidates = np.array([i for i in on_disk if not self._fetching[i]], dtype=np.int64)
             if len(candidates):
-                uses = self._next_use(candidates, self._position())
+                uses = self._next_use(candidates, self._position() or 0)
                 for j in np.argsort(-uses, kind="stable"):
                     if not demand and uses[j] <= needed_at:
                         return False
@@ -203,9 +213,10 @@ class Fetcher:
         return out
 
     # ------------------------------------------------------------------ plan-driven prefetch
-    def start_epoch(self, seq: np.ndarray, position: Callable[[], int]) -> None:
+    def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None]) -> None:
         """The shard of each sample this rank reads from here on, in order, and a function giving
-        how many of them the loader has handed out: prefetch follows it from now on."""
+        how many of them the loader has handed out (None once that epoch is over or abandoned):
+        prefetch follows it from now on."""
         seq = np.asarray(seq, dtype=np.int64)
         order = np.argsort(seq, kind="stable")
         counts = np.bincount(seq, minlength=len(self.shard_files))
@@ -242,7 +253,11 @@ class Fetcher:
         with self._cond:
             if self._seq is None or self._stopped:
                 return 0.2
-            seq, pos = self._seq, min(self._position(), len(self._seq))
+            at = self._position()
+            if at is None:  # the epoch was abandoned or replaced: fetch nothing more for it
+                self._seq = self._occ_order = self._occ_start = None
+                return 0.2
+            seq, pos = self._seq, min(at, len(self._seq))
             window = seq[pos:pos + _WINDOW]
             if not len(window):
                 return 0.2

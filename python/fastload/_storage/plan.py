@@ -4,6 +4,7 @@ the cache holds the shards one step reads; at each epoch's start, this rank's re
 order, which the fetcher prefetches along and evicts by."""
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -57,4 +58,13 @@ def epoch_started(loader: Any, epoch: int, run: Any, devices: int) -> None:
     full = loader._samplers(1)[0].num_batches(epoch)
     skipped = max(0, full - run.num_batches(0)) * b  # a resumed epoch: its first batches are done
     rest = plan[skipped:]
-    fetcher.start_epoch(_shard_of_samples(fetcher, loader._source, rest), lambda: run.handed(0) * b)
+    owner = weakref.ref(loader)
+
+    def position() -> int | None:
+        """Samples of `rest` handed out; None once this epoch is no longer the loader's."""
+        live = owner()
+        if live is None or live._run is not run or run.superseded or live._engine is None:
+            return None
+        return run.handed(0) * b
+
+    fetcher.start_epoch(_shard_of_samples(fetcher, loader._source, rest), position)
