@@ -26,6 +26,7 @@ from .client import Client
 _INF = np.iinfo(np.int64).max
 _WINDOW = 1 << 18  # samples of the plan looked at ahead per prefetch round
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
+_RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Fetcher:
         self._last_use = np.zeros(len(self.entries), dtype=np.int64)
         self._clock = 0
         self._reserved = 0  # bytes of downloads in flight (their temporary files)
+        self._on_disk: set[int] | None = None  # files complete in the cache folder (_scan_locked)
+        self._scanned_at = 0.0
         self._files: Any = None  # the native LazyFiles, once the source is described
         self._stats = StorageStats(limit=limit)
         self._active = 0
@@ -109,6 +112,7 @@ class Fetcher:
             while True:
                 if not self._fetching[i]:
                     st = self.cache.present(entry)
+                    self._note_locked(i, st is not None)
                     if st is not None:
                         if waited:
                             self._stats.misses += 1
@@ -139,10 +143,14 @@ class Fetcher:
             if self._active == 0:
                 self._busy_since = time.monotonic()
             self._active += 1
+        ok = False
         try:
             st, n = self.cache.fetch(entry, self.client.get)
+            ok = True
         finally:
             with self._cond:
+                if ok:
+                    self._note_locked(i, True)
                 self._active -= 1
                 if self._active == 0:
                     self._stats.fetch_busy_s += time.monotonic() - self._busy_since
@@ -173,12 +181,16 @@ class Fetcher:
         prefetch evicts only files needed later than `needed_at` (else it is not worth it: False);
         a demand waits for room (files unpinned, downloads done) and raises after a bound."""
         deadline = time.monotonic() + _DEMAND_WAIT
+        fresh = False
         while True:
-            on_disk = self._scan_locked()
+            on_disk = self._scan_locked(fresh)
             used = sum(self.entries[i].size for i in on_disk) + self._reserved
             if used + nbytes <= self.limit:
                 self._reserved += nbytes
                 return True
+            if not fresh:  # over the limit by the cached view: look at the folder before evicting
+                fresh = True
+                continue
             candidates = np.array([i for i in on_disk if not self._fetching[i]], dtype=np.int64)
             if len(candidates):
                 uses = self._next_use(candidates, self._position() or 0)
@@ -189,6 +201,7 @@ class Fetcher:
                     if self._files is not None and not self._files.try_unmap(i):
                         continue  # a collation thread reads it now
                     self.cache.remove(self.entries[i])
+                    self._note_locked(i, False)
                     self._stats.evictions += 1
                     used -= self.entries[i].size
                     if used + nbytes <= self.limit:
@@ -203,14 +216,24 @@ class Fetcher:
                               "read now or by downloads in flight; raise cache_limit")
             self._cond.wait(0.05)
 
-    def _scan_locked(self) -> list[int]:
-        """Files of this dataset complete in the cache folder now (any process's)."""
-        out = []
-        for rel, size in self.cache.scan().items():
-            i = self._by_rel.get(rel)
-            if i is not None and size == self.entries[i].size:
-                out.append(i)
-        return out
+    def _scan_locked(self, fresh: bool = False) -> list[int]:
+        """Files of this dataset complete in the cache folder (any process's). The folder is
+        walked at most every _RESCAN_S seconds (or when `fresh`): between walks this process's
+        own downloads and evictions keep the set exact, and other processes' are seen at the
+        next walk (and before any eviction decision, which always walks)."""
+        now = time.monotonic()
+        if fresh or self._on_disk is None or now - self._scanned_at > _RESCAN_S:
+            on_disk = set()
+            for rel, size in self.cache.scan().items():
+                i = self._by_rel.get(rel)
+                if i is not None and size == self.entries[i].size:
+                    on_disk.add(i)
+            self._on_disk, self._scanned_at = on_disk, now
+        return list(self._on_disk)
+
+    def _note_locked(self, i: int, present: bool) -> None:
+        if self._on_disk is not None:
+            (self._on_disk.add if present else self._on_disk.discard)(i)
 
     # ------------------------------------------------------------------ plan-driven prefetch
     def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None]) -> None:
@@ -266,6 +289,7 @@ class Fetcher:
             needed_at = np.sort(first) + pos
             in_flight = int(self._fetching.sum())
             inflight_bytes = self._reserved
+            on_disk = set(self._scan_locked())
             span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
             started = 0
             for k, at in zip(ahead.tolist(), needed_at.tolist()):
@@ -273,7 +297,7 @@ class Fetcher:
                 if span > self.limit:
                     break
                 for i in self.shard_files[k]:
-                    if self._fetching[i] or self.cache.present(self.entries[i]) is not None:
+                    if self._fetching[i] or i in on_disk:
                         continue
                     size = self.entries[i].size
                     if in_flight >= self.client.concurrency or (inflight_bytes and inflight_bytes + size > self.max_inflight):
@@ -300,7 +324,7 @@ class Fetcher:
         with self._cond:
             s = StorageStats(**{k: getattr(self._stats, k) for k in StorageStats.__dataclass_fields__})
             s.requests = self.client.requests
-            s.cached_bytes = sum(self.entries[i].size for i in self._scan_locked())
+            s.cached_bytes = sum(self.entries[i].size for i in self._scan_locked(fresh=True))
             if self._active:
                 s.fetch_busy_s += time.monotonic() - self._busy_since
         return s
