@@ -478,3 +478,26 @@ def test_dropped_source_stops_its_threads_and_an_abandoned_epoch_stops_prefetch(
             break
         time.sleep(0.1)
     assert len(fetch_threads()) == before
+
+
+def test_other_loader_modes_read_remote_sources_exactly(remote_dir, remote_tokens, s3_server, tmp_path):
+    """partition="shards", steps=, split() and fl.Mix over a remote and a local source give the
+    batches of the same data read locally (fetched on demand where the plan is not handed over)."""
+    url, local, _ = remote_dir
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache")
+    here = fl.Dataset.open(local)
+    for kw in (dict(batch_size=50, shuffle=True, seed=3, partition="shards", rank=1, world_size=2),
+               dict(batch_size=64, shuffle=True, seed=3, steps=40)):
+        _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+    parts = [fl.Loader(src, batch_size=32, shuffle=True, seed=1).split(["cpu", "cpu"]) for src in (remote, here)]
+    for a, b in zip(*parts):
+        _equal([{k: v.clone() for k, v in x.items()} for x in a], [{k: v.clone() for k, v in x.items()} for x in b])
+    prefix, paths = remote_tokens
+    tokens = fl.Windows.from_files(prefix, dtype=np.uint16, length=65, storage_options=_opts(s3_server[0]),
+                                   cache_dir=tmp_path / "cache")
+    local_tokens = fl.Windows.from_files(paths, dtype=np.uint16, length=65)
+    x = np.arange(4000, dtype=np.int64).reshape(1000, 4)
+    mixes = [fl.Mix({"tokens": t, "rows": fl.Dataset({"tokens": x[:, :1].repeat(65, 1).astype(np.uint16)})},
+                    weights={"tokens": 3, "rows": 1}) for t in (tokens, local_tokens)]
+    kw = dict(batch_size=16, shuffle=True, seed=2, steps=30)
+    _equal(_batches(fl.Loader(mixes[0], **kw)), _batches(fl.Loader(mixes[1], **kw)))
