@@ -27,6 +27,7 @@ _INF = np.iinfo(np.int64).max
 _WINDOW = 1 << 18  # samples of the plan looked at ahead per prefetch round
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
 _RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
+_NEXT_EPOCH_SHARE = 8  # the next epoch's shards are prefetched up to limit / this (at least a shard)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Fetcher:
         self._seq: np.ndarray | None = None
         self._position: Callable[[], int | None] = lambda: None
         self._epoch_token = 0
+        self._boundary = 0  # where the next epoch's positions start in _seq
         self._stopped = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
@@ -236,10 +238,11 @@ class Fetcher:
             (self._on_disk.add if present else self._on_disk.discard)(i)
 
     # ------------------------------------------------------------------ plan-driven prefetch
-    def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None]) -> None:
+    def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None], boundary: int | None = None) -> None:
         """The shard of each sample this rank reads from here on, in order, and a function giving
         how many of them the loader has handed out (None once that epoch is over or abandoned):
-        prefetch follows it from now on."""
+        prefetch follows it from now on. Positions from `boundary` on are the next epoch's: they
+        are prefetched only up to _NEXT_EPOCH_SHARE of the limit (the run may end there)."""
         seq = np.asarray(seq, dtype=np.int64)
         order = np.argsort(seq, kind="stable")
         counts = np.bincount(seq, minlength=len(self.shard_files))
@@ -248,6 +251,7 @@ class Fetcher:
             self._occ_order = order.astype(np.int64)
             self._occ_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             self._position = position
+            self._boundary = len(seq) if boundary is None else boundary
             self._epoch_token += 1
             self._ensure_thread_locked()
             self._cond.notify_all()
@@ -291,11 +295,16 @@ class Fetcher:
             inflight_bytes = self._reserved
             on_disk = set(self._scan_locked())
             span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
+            next_epoch = 0  # of which the next epoch's
             started = 0
             for k, at in zip(ahead.tolist(), needed_at.tolist()):
                 span += int(self.shard_bytes[k])
                 if span > self.limit:
                     break
+                if at >= self._boundary:
+                    next_epoch += int(self.shard_bytes[k])
+                    if next_epoch > max(self.limit // _NEXT_EPOCH_SHARE, int(self.shard_bytes.max())):
+                        break
                 for i in self.shard_files[k]:
                     if self._fetching[i] or i in on_disk:
                         continue

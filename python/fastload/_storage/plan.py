@@ -67,4 +67,8 @@ def epoch_started(loader: Any, epoch: int, run: Any, devices: int) -> None:
             return None
         return run.handed(0) * b
 
-    fetcher.start_epoch(_shard_of_samples(fetcher, loader._source, rest), position)
+    seq = _shard_of_samples(fetcher, loader._source, rest)
+    # The next epoch's order too: prefetch crosses the epoch boundary (a little: see
+    # Fetcher._prefetch_round), and eviction sees next uses beyond this epoch's end.
+    upcoming = _shard_of_samples(fetcher, loader._source, np.asarray(loader.plan(epoch + 1), dtype=np.int64))
+    fetcher.start_epoch(np.concatenate([seq, upcoming]), position, boundary=len(seq))
