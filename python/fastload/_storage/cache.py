@@ -69,7 +69,7 @@ class Entry:
 
     __slots__ = ("url", "rel", "size", "verify")
 
-    def __init__(self, url: Url, rel: str, size: int, verify: Callable[[Any], None] | None = None):
+    def __init__(self, url: Url, rel: str, size: int, verify: Any = None):  # verify: a client.BodyCheck
         self.url, self.rel, self.size, self.verify = url, rel, size, verify
 
 

@@ -105,30 +105,47 @@ class Client:
         raise NotImplementedError
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: Callable[[BinaryIO], None] | None = None) -> int:
+            check: BodyCheck | None = None) -> int:
         """The whole object written to `out` (retried from the start on a transient failure, `out`
         rewound); returns its bytes. A body shorter or longer than `expected`, or one that
-        check(out) refuses (ValueError: a checksum), is fetched again."""
+        `check` refuses (a checksum), is fetched again."""
         raise NotImplementedError
 
 
+class BodyCheck:
+    """A check of a body as it streams in (one pass: the bytes are not read back): start()
+    before the first chunk, feed(chunk) for each, finish(out) at the end raises ValueError if the
+    body is not what it must be (a checksum, a header), and the body is fetched again."""
+
+    def start(self) -> None: ...
+
+    def feed(self, chunk: memoryview) -> None: ...
+
+    def finish(self, out: BinaryIO) -> None: ...
+
+
 def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | None, url: Url,
-                check: Callable[[BinaryIO], None] | None = None) -> int:
+                check: BodyCheck | None = None) -> int:
     out.seek(0)
     out.truncate()
+    if check is not None:
+        check.start()
     n = 0
     while True:
         chunk = read(_CHUNK)
         if not chunk:
             break
-        out.write(chunk)
-        n += len(chunk)
+        view = memoryview(chunk)
+        out.write(view)
+        if check is not None:
+            check.feed(view)
+        n += len(view)
     if expected is not None and n != expected:
         raise _Transient(f"truncated body: {n} of {expected} bytes")
     if check is not None:
         out.flush()
         try:
-            check(out)
+            check.finish(out)
         except ValueError as e:
             raise _Transient(f"corrupt body ({e})") from None
     return n
@@ -213,7 +230,7 @@ class S3Client(Client):
         return int(head["ContentLength"])
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: Callable[[BinaryIO], None] | None = None) -> int:
+            check: BodyCheck | None = None) -> int:
         import urllib3.exceptions  # noqa: PLC0415 - botocore's transport
 
         def once() -> int:
@@ -275,7 +292,7 @@ class HttpClient(Client):
         return self.policy.run("HEAD", url, once)
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: Callable[[BinaryIO], None] | None = None) -> int:
+            check: BodyCheck | None = None) -> int:
         def once() -> int:
             with self._lock:
                 self.requests += 1
@@ -383,7 +400,7 @@ class ObstoreS3Client(Client):
         return int(self._call(url, "HEAD", lambda store: self._obstore.head(store, url.key))["size"])
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: Callable[[BinaryIO], None] | None = None) -> int:
+            check: BodyCheck | None = None) -> int:
         def run(store: Any) -> int:
             with self._lock:
                 self.requests += 1

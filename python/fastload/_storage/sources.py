@@ -19,7 +19,7 @@ from .._columns import describe_array
 from .._mapping import LazyTable
 from .._windows import TokenFiles
 from .cache import Entry, ObjectCache, cache_key, default_cache_root, default_limit, parse_size
-from .client import Client, make_client, redacted_options
+from .client import BodyCheck, Client, make_client, redacted_options
 from .fetcher import Fetcher, StorageStats
 from .urls import Url, is_url, parse_url
 
@@ -51,24 +51,39 @@ def _write_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _file_check(f: Any, url: Url) -> Any:
-    """A downloaded shard's check: its .npy header is the manifest's, and its checksum too where
-    the manifest has one (ValueError: the body is fetched again)."""
-    from .._disk import _checksum  # noqa: PLC0415 - the dataset directory's own checksum
-    from .._manifest import DatasetError  # noqa: PLC0415
+class _ShardCheck(BodyCheck):
+    """A downloaded shard's check, as its body streams in: its .npy header is the manifest's,
+    and its fl64 checksum too where the manifest has one (hashed while the bytes arrive)."""
 
-    def check(out: Any) -> None:
+    def __init__(self, f: Any, url: Url):
+        self.f, self.url = f, url
+
+    def start(self) -> None:
+        from .. import _C  # noqa: PLC0415
+
+        self.hash = _C.Checksum64() if self.f.checksum is not None else None
+        self.at = 0
+
+    def feed(self, chunk: memoryview) -> None:
+        if self.hash is not None:
+            first, end = self.f.offset, self.f.offset + self.f.nbytes  # the data bytes, after the header
+            lo, hi = max(first - self.at, 0), min(end - self.at, len(chunk))
+            if hi > lo:
+                self.hash.update(chunk[lo:hi])
+        self.at += len(chunk)
+
+    def finish(self, out: Any) -> None:
+        from .._manifest import DatasetError  # noqa: PLC0415
+
         out.seek(0)
         try:
-            f.check_header(out.read(f.offset))
+            self.f.check_header(out.read(self.f.offset))
         except DatasetError as e:
-            raise ValueError(f"{url}: {str(e).split(': ', 1)[-1]}") from None
-        if f.checksum is not None:
-            got = _checksum(out, f.offset, f.nbytes)
-            if got != f.checksum:
-                raise ValueError(f"{url}: checksum {got}, the manifest says {f.checksum}")
-
-    return check
+            raise ValueError(f"{self.url}: {str(e).split(': ', 1)[-1]}") from None
+        if self.hash is not None:
+            got = self.hash.hexdigest()
+            if got != self.f.checksum:
+                raise ValueError(f"{self.url}: checksum {got}, the manifest says {self.f.checksum}")
 
 
 class RemoteDataset:
@@ -114,7 +129,7 @@ class RemoteDataset:
         all_files = [one for col in columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
         for f in all_files:
             f.identity = (0, 0, 0, 0)  # the provider gives each download's identity when it is mapped
-        entries = [Entry(where.child(f.rel), f.rel, f.offset + f.nbytes, _file_check(f, where.child(f.rel)))
+        entries = [Entry(where.child(f.rel), f.rel, f.offset + f.nbytes, _ShardCheck(f, where.child(f.rel)))
                    for f in all_files]
         if where.scheme == "s3":
             _check_listed(client, where, entries)
