@@ -541,3 +541,64 @@ def test_elastic_resume_and_prefetch_into_the_next_epoch(remote_blocks, s3_serve
             break
         time.sleep(0.05)
     assert os.path.exists(path)
+
+
+# ------------------------------------------------------------------------------------ eviction order
+class _MemoryClient:
+    """A store in a dict (for the fetcher's own logic; everything else runs against moto)."""
+
+    concurrency = 4
+
+    def __init__(self, objects):
+        self.objects, self.requests = objects, 0
+
+    def get(self, url, out, expected=None, check=None):
+        self.requests += 1
+        out.write(self.objects[url.key])
+        return len(self.objects[url.key])
+
+
+def _fetcher(tmp_path, n, size, limit):
+    from fastload._storage.cache import Entry, ObjectCache
+    from fastload._storage.fetcher import Fetcher
+    from fastload._storage.urls import Url
+
+    client = _MemoryClient({f"k{i}": bytes([i]) * size for i in range(n)})
+    entries = [Entry(Url("s3", "b", f"k{i}"), f"f{i}", size) for i in range(n)]
+    return Fetcher(client, ObjectCache(str(tmp_path / "c")), entries, [[i] for i in range(n)], limit), client
+
+
+def _cached(f):
+    return sorted(int(name[1:]) for name in os.listdir(f.cache.root) if name.startswith("f") and "." not in name)
+
+
+def test_eviction_drops_the_shard_needed_furthest_ahead(tmp_path):
+    """Belady's rule against a brute-force reading of the plan: with room for 3 of 5 shards, each
+    eviction removes the cached shard whose next use is furthest away (never used again first)."""
+    f, client = _fetcher(tmp_path, 5, 100, 300)
+    seq = np.array([0, 1, 2, 3, 0, 1, 4, 0, 3, 1, 2, 4, 0])
+    pos = [0]
+    f.start_epoch(seq, lambda: pos[0], prefetch=False)
+    for p, shard in enumerate(seq.tolist()):
+        pos[0] = p
+        cached = _cached(f)
+        if shard not in cached and len(cached) == 3:
+            def next_use(k):
+                later = [q for q in range(p, len(seq)) if seq[q] == k]
+                return later[0] if later else len(seq) + 1
+            expect = max(cached, key=next_use)
+            f.provide(shard)
+            assert expect not in _cached(f) and shard in _cached(f), (p, cached, expect)
+        else:
+            f.provide(shard)
+        assert len(_cached(f)) <= 3
+    assert client.requests == f.stats().misses  # one GET per miss, none for a hit
+
+
+def test_without_a_plan_eviction_is_least_recently_used(tmp_path):
+    f, _ = _fetcher(tmp_path, 4, 100, 200)
+    f.provide(0)
+    f.provide(1)
+    f.provide(0)
+    f.provide(2)  # 1 is the least recently used
+    assert _cached(f) == [0, 2]

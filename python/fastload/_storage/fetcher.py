@@ -238,11 +238,13 @@ class Fetcher:
             (self._on_disk.add if present else self._on_disk.discard)(i)
 
     # ------------------------------------------------------------------ plan-driven prefetch
-    def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None], boundary: int | None = None) -> None:
+    def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None], boundary: int | None = None,
+                    prefetch: bool = True) -> None:
         """The shard of each sample this rank reads from here on, in order, and a function giving
         how many of them the loader has handed out (None once that epoch is over or abandoned):
         prefetch follows it from now on. Positions from `boundary` on are the next epoch's: they
-        are prefetched only up to _NEXT_EPOCH_SHARE of the limit (the run may end there)."""
+        are prefetched only up to _NEXT_EPOCH_SHARE of the limit (the run may end there).
+        prefetch=False (tests): eviction follows the plan, nothing is fetched ahead."""
         seq = np.asarray(seq, dtype=np.int64)
         order = np.argsort(seq, kind="stable")
         counts = np.bincount(seq, minlength=len(self.shard_files))
@@ -253,7 +255,8 @@ class Fetcher:
             self._position = position
             self._boundary = len(seq) if boundary is None else boundary
             self._epoch_token += 1
-            self._ensure_thread_locked()
+            if prefetch:
+                self._ensure_thread_locked()
             self._cond.notify_all()
 
     def stop(self) -> None:
