@@ -104,6 +104,9 @@ class S3Proxy:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        # A client that gave up (a timeout, a killed process) leaves a handler writing to a closed
+        # socket: expected here, not worth a traceback.
+        self.server.handle_error = lambda request, client_address: None
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="s3-proxy")

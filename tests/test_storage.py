@@ -602,3 +602,36 @@ def test_without_a_plan_eviction_is_least_recently_used(tmp_path):
     f.provide(0)
     f.provide(2)  # 1 is the least recently used
     assert _cached(f) == [0, 2]
+
+
+def test_loader_killed_mid_download_then_a_new_run_starts_cleanly(remote_dir, s3_server, s3_proxy, tmp_path):
+    import signal
+    import time
+
+    url, local, _ = remote_dir
+    cache = tmp_path / "cache"
+    s3_proxy.arm("delay", match="x/000003.npy", times=1, delay=10.0)  # this download hangs
+    code = (f"import fastload as fl\n"
+            f"ds = fl.Dataset.open({url!r}, storage_options={{'endpoint_url': {s3_proxy.url!r}, 'client': 'boto3'}}, "
+            f"cache_dir={str(cache)!r})\n"
+            f"for b in fl.Loader(ds, batch_size=100, num_threads=2):\n    pass\n")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        partial = []
+        for _ in range(600):
+            partial = [os.path.join(d, n) for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]
+            if any("000003.npy.part-" in p for p in partial):
+                break
+            time.sleep(0.05)
+        assert any("000003.npy.part-" in p for p in partial)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+    assert [os.path.join(d, n) for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]  # left behind
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=cache)  # no cleanup by hand
+    assert not [n for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]
+    kw = dict(batch_size=100, shuffle=True, seed=8, num_threads=2)
+    _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
