@@ -635,3 +635,19 @@ def test_loader_killed_mid_download_then_a_new_run_starts_cleanly(remote_dir, s3
     assert not [n for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]
     kw = dict(batch_size=100, shuffle=True, seed=8, num_threads=2)
     _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+
+
+def test_token_file_rewritten_in_place_is_not_read_from_the_old_cache(s3_server, tmp_path):
+    endpoint = s3_server[0]
+    bucket = _bucket(endpoint)
+    old, new = np.arange(4096, dtype=np.uint16), np.arange(4096, dtype=np.uint16)[::-1].copy()
+    _client(endpoint).put_object(Bucket=bucket, Key="t/a.bin", Body=old.tobytes())
+    for client in CLIENTS:
+        _client(endpoint).put_object(Bucket=bucket, Key="t/a.bin", Body=old.tobytes())
+        for data in (old, new):  # same size, new bytes
+            _client(endpoint).put_object(Bucket=bucket, Key="t/a.bin", Body=data.tobytes())
+            for paths in (f"s3://{bucket}/t/", [f"s3://{bucket}/t/a.bin"]):
+                w = fl.Windows.from_files(paths, dtype=np.uint16, length=64, cache_dir=tmp_path / "cache",
+                                          storage_options=_opts(endpoint, client=client))
+                got = np.concatenate([b["tokens"].numpy().reshape(-1) for b in fl.Loader(w, batch_size=8)])
+                assert np.array_equal(got, data)

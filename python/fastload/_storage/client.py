@@ -98,10 +98,14 @@ class Client:
     concurrency: int
     requests: int  # GETs sent (attempts included): the counter tests and stats read
 
-    def list(self, prefix: Url) -> list[tuple[Url, int]]:
+    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
+        """(object, bytes, version tag) of every object under the prefix, in name order. The tag
+        (the ETag) changes when an object is rewritten, so a cache keyed by it never serves the
+        old bytes."""
         raise NotImplementedError
 
-    def size(self, url: Url) -> int:
+    def stat(self, url: Url) -> tuple[int, str]:
+        """(bytes, version tag) of one object."""
         raise NotImplementedError
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
@@ -211,23 +215,24 @@ class S3Client(Client):
 
         return self.policy.run(what, url, once)
 
-    def list(self, prefix: Url) -> list[tuple[Url, int]]:
-        out: list[tuple[Url, int]] = []
+    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
+        out: list[tuple[Url, int, str]] = []
         token: str | None = None
         while True:
             args = {"Bucket": prefix.bucket, "Prefix": prefix.key}
             if token:
                 args["ContinuationToken"] = token
             page = self._call(prefix, "listing", lambda: self._s3.list_objects_v2(**args))
-            out += [(prefix._replace(key=o["Key"]), int(o["Size"])) for o in page.get("Contents", [])]
+            out += [(prefix._replace(key=o["Key"]), int(o["Size"]), str(o.get("ETag", "")))
+                    for o in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 break
             token = page["NextContinuationToken"]
         return sorted(out, key=lambda t: t[0].key)
 
-    def size(self, url: Url) -> int:
+    def stat(self, url: Url) -> tuple[int, str]:
         head = self._call(url, "HEAD", lambda: self._s3.head_object(Bucket=url.bucket, Key=url.key))
-        return int(head["ContentLength"])
+        return int(head["ContentLength"]), str(head.get("ETag", ""))
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
             check: BodyCheck | None = None) -> int:
@@ -277,17 +282,18 @@ class HttpClient(Client):
         except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
             raise _Transient(type(getattr(e, "reason", e)).__name__) from None
 
-    def list(self, prefix: Url) -> list[tuple[Url, int]]:
+    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
         raise ValueError(f"{prefix}: http(s):// has no listing; pass a list of URLs (or a dataset directory's "
                          "URL, whose manifest names its files)")
 
-    def size(self, url: Url) -> int:
-        def once() -> int:
+    def stat(self, url: Url) -> tuple[int, str]:
+        def once() -> tuple[int, str]:
             with self._open(url, "HEAD") as r:
                 n = r.headers.get("Content-Length")
+                tag = r.headers.get("ETag") or r.headers.get("Last-Modified") or ""
             if n is None:
                 raise OSError(f"HEAD {url}: the server sent no Content-Length")
-            return int(n)
+            return int(n), tag
 
         return self.policy.run("HEAD", url, once)
 
@@ -389,15 +395,16 @@ class ObstoreS3Client(Client):
 
         return self.policy.run(what, url, once)
 
-    def list(self, prefix: Url) -> list[tuple[Url, int]]:
-        def run(store: Any) -> list[tuple[Url, int]]:
-            return [(prefix._replace(key=o["path"]), int(o["size"]))
+    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
+        def run(store: Any) -> list[tuple[Url, int, str]]:
+            return [(prefix._replace(key=o["path"]), int(o["size"]), str(o.get("e_tag") or ""))
                     for page in self._obstore.list(store, prefix=prefix.key or None) for o in page]
 
         return sorted(self._call(prefix, "listing", run), key=lambda t: t[0].key)
 
-    def size(self, url: Url) -> int:
-        return int(self._call(url, "HEAD", lambda store: self._obstore.head(store, url.key))["size"])
+    def stat(self, url: Url) -> tuple[int, str]:
+        meta = self._call(url, "HEAD", lambda store: self._obstore.head(store, url.key))
+        return int(meta["size"]), str(meta.get("e_tag") or "")
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
             check: BodyCheck | None = None) -> int:

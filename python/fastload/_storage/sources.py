@@ -225,7 +225,7 @@ def _reopen(url: str, pad: Any, max_length: Any, options: dict, cache_dir: Any, 
 def _check_listed(client: Client, where: Url, entries: list[Entry]) -> None:
     """One listing of the prefix: every object the manifest names exists with its size (a
     missing one is FileNotFoundError naming its URL now, not at some later batch)."""
-    listed = {u.key: size for u, size in client.list(where.child(""))}
+    listed = {u.key: size for u, size, _ in client.list(where.child(""))}
     for e in entries:
         size = listed.get(e.url.key)
         if size is None:
@@ -237,15 +237,16 @@ def _check_listed(client: Client, where: Url, entries: list[Entry]) -> None:
 
 
 # ------------------------------------------------------------------------------ token files
-def _remote_urls(paths: Any, client_for: Any) -> tuple[list[Url], list[int], Client]:
-    """(objects, their sizes, the client) of a prefix (listed, in name order) or a list of URLs."""
+def _remote_urls(paths: Any, client_for: Any) -> tuple[list[Url], list[int], list[str], Client]:
+    """(objects, their sizes, their version tags, the client) of a prefix (listed, in name
+    order) or a list of URLs (HEAD each)."""
     if isinstance(paths, str):
         where = parse_url(paths, "paths")
         client = client_for(where.scheme)
-        listed = [(u, n) for u, n in client.list(where) if not u.key.endswith("/")]
+        listed = [t for t in client.list(where) if not t[0].key.endswith("/")]
         if not listed:
             raise FileNotFoundError(f"{paths}: no objects under this prefix")
-        return [u for u, _ in listed], [n for _, n in listed], client
+        return [u for u, _, _ in listed], [n for _, n, _ in listed], [t for _, _, t in listed], client
     urls = [parse_url(os.fspath(p), f"paths[{k}]") if is_url(p) else None for k, p in enumerate(paths)]
     if any(u is None for u in urls):
         k = urls.index(None)
@@ -254,7 +255,8 @@ def _remote_urls(paths: Any, client_for: Any) -> tuple[list[Url], list[int], Cli
     if len(schemes) > 1:
         raise ValueError(f"paths mixes URL schemes {sorted(schemes)}: pass one kind")
     client = client_for(urls[0].scheme)
-    return urls, [client.size(u) for u in urls], client
+    stats = [client.stat(u) for u in urls]
+    return urls, [n for n, _ in stats], [t for _, t in stats], client
 
 
 def remote_token_files(paths: Any, dtype: Any, row_shape: Sequence[int], storage_options: Mapping[str, Any] | None,
@@ -266,11 +268,13 @@ def remote_token_files(paths: Any, dtype: Any, row_shape: Sequence[int], storage
         raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
     shape = tuple(int(s) for s in row_shape)
     row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-    urls, sizes, client = _remote_urls(paths, lambda scheme: make_client(scheme, options))
+    urls, sizes, tags, client = _remote_urls(paths, lambda scheme: make_client(scheme, options))
     for u, size in zip(urls, sizes):
         if row == 0 or size % row:
             raise ValueError(f"{u}: {size} bytes is not a whole number of rows of {row} bytes ({dt} x {shape})")
-    key = cache_key(dt.str.encode(), *[f"{u} {n}".encode() for u, n in zip(urls, sizes)])
+    # Keyed by each object's version tag too: a file rewritten in place gets a new folder, never
+    # the old file's cached bytes.
+    key = cache_key(dt.str.encode(), *[f"{u} {n} {t}".encode() for u, n, t in zip(urls, sizes, tags)])
     root = _folder(cache_dir, key)
     cache = ObjectCache(root)
     rels = [f"{k:06d}-{os.path.basename(u.key) or 'object'}" for k, u in enumerate(urls)]
