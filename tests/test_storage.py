@@ -651,3 +651,17 @@ def test_token_file_rewritten_in_place_is_not_read_from_the_old_cache(s3_server,
                                           storage_options=_opts(endpoint, client=client))
                 got = np.concatenate([b["tokens"].numpy().reshape(-1) for b in fl.Loader(w, batch_size=8)])
                 assert np.array_equal(got, data)
+
+
+def test_remote_shard_and_verify(remote_dir, s3_server, tmp_path):
+    url, local, cols = remote_dir
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache", verify=True)
+    assert np.array_equal(ds.shard(3)["x"], cols["x"][375:500]) and np.array_equal(ds.shard(-1)["y"], cols["y"][875:])
+    victim = os.path.join(ds.cache_dir, "y", "000002.npy")
+    with open(victim, "r+b") as f:  # a cached file damaged on disk (same size)
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(fl.DatasetError, match=r"y/000002\.npy: checksum .*cached copy .* is corrupt"):
+        ds.verify()

@@ -147,8 +147,48 @@ class RemoteDataset:
         self._lock = threading.Lock()
         self.cache_dir = root
         if verify:
-            for i in range(len(entries)):
-                fetcher.provide(i)  # downloads verify header and checksum
+            self.verify()
+
+    def verify(self) -> None:
+        """Fetches every shard not cached (each download is verified) and reads every cached one
+        again: its .npy header and checksum against the manifest (DatasetError naming its URL)."""
+        from .._manifest import DatasetError  # noqa: PLC0415
+
+        for i, entry in enumerate(self._fetcher.entries):
+            self._fetcher.provide(i)
+            check = entry.verify
+            check.start()
+            with open(self._fetcher.cache.path(entry.rel), "rb") as f:
+                while True:
+                    chunk = f.read(16 << 20)
+                    if not chunk:
+                        break
+                    check.feed(memoryview(chunk))
+                try:
+                    check.finish(f)
+                except ValueError as e:
+                    raise DatasetError(f"{e} (the cached copy in {self.cache_dir} is corrupt: remove it)") from None
+
+    def shard(self, k: int) -> dict[str, Any]:
+        """Shard k's columns as arrays (a ragged column as (values, offsets)), fetched if needed
+        and memory-mapped from the cache (an eviction later leaves these mappings valid)."""
+        import copy  # noqa: PLC0415
+
+        if not -len(self._shard_sizes) <= k < len(self._shard_sizes):
+            raise IndexError(f"shard {k} out of range for {len(self._shard_sizes)} shards")
+        index = {id(f): i for i, f in enumerate(self._all_files)}
+
+        def mapped(f: Any) -> Any:
+            self._fetcher.provide(index[id(f)])
+            local = copy.copy(f)
+            local.identity = None  # the download's own, whatever it is
+            return local.map(True)
+
+        out: dict[str, Any] = {}
+        for col in self._columns:
+            f = col.files[k]
+            out[col.name] = mapped(f) if col.kind == "fixed" else (mapped(f[0]), mapped(f[1]))
+        return out
 
     # ---------------------------------------------------------------- fastload.Source
     def __len__(self) -> int:
