@@ -27,6 +27,8 @@ class S3Proxy:
         self.upstream = ("127.0.0.1", upstream_port)
         self.gets: Counter[str] = Counter()  # object GETs per path (listing and HEAD excluded)
         self.requests = 0
+        self.in_flight = 0  # object GETs being served now, and the most at once
+        self.peak_in_flight = 0
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
         proxy = self
@@ -53,6 +55,18 @@ class S3Proxy:
                                 f.times -= 1
                                 fault = f
                                 break
+                if is_object_get:
+                    with proxy.lock:
+                        proxy.in_flight += 1
+                        proxy.peak_in_flight = max(proxy.peak_in_flight, proxy.in_flight)
+                try:
+                    self._serve(method, path, body, fault)
+                finally:
+                    if is_object_get:
+                        with proxy.lock:
+                            proxy.in_flight -= 1
+
+            def _serve(self, method, path, body, fault):
                 if fault is not None and fault.kind == "reset":
                     # RST instead of FIN: the client sees "connection reset by peer".
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -122,6 +136,7 @@ class S3Proxy:
         with self.lock:
             self.gets.clear()
             self.requests = 0
+            self.peak_in_flight = 0
             self.faults.clear()
 
     def total_gets(self) -> int:

@@ -665,3 +665,13 @@ def test_remote_shard_and_verify(remote_dir, s3_server, tmp_path):
         f.write(bytes([last[0] ^ 1]))
     with pytest.raises(fl.DatasetError, match=r"y/000002\.npy: checksum .*cached copy .* is corrupt"):
         ds.verify()
+
+
+def test_requests_in_flight_are_bounded(remote_blocks, s3_server, s3_proxy, tmp_path):
+    """At most max_concurrency prefetches, plus one demand fetch per collation thread."""
+    url, local, shard = remote_blocks
+    s3_proxy.arm("delay", match=".npy", times=1000, delay=0.05)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_concurrency=2), cache_dir=tmp_path / "cache")
+    kw = dict(batch_size=512, shuffle=True, seed=1, num_threads=2)
+    _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+    assert 1 <= s3_proxy.peak_in_flight <= 2 + 2
