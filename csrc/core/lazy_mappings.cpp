@@ -236,7 +236,21 @@ const std::byte* LazyFiles::pin_locked(std::unique_lock<std::mutex>& lock, int32
     std::pair<void*, size_t> m{nullptr, 0};
     std::exception_ptr error;
     try {
-      m = map_checked(f, provider_ ? provider_(i) : f.identity);
+      if (!provider_) {
+        m = map_checked(f, f.identity);
+      } else {
+        // Another process sharing the cache may remove the file between the provider's answer
+        // and the open here (it cannot see this process's pins): ask the provider again, which
+        // fetches it back. What the provider throws is not retried.
+        for (int attempt = 1;; ++attempt) {
+          try {
+            m = map_checked(f, provider_(i));
+            break;
+          } catch (const std::invalid_argument&) {
+            if (attempt == 3) throw;
+          }
+        }
+      }
     } catch (...) {
       error = std::current_exception();
     }
