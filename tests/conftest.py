@@ -36,3 +36,40 @@ def rng() -> np.random.Generator:
 def native_thread_count() -> int:
     """Threads of this process, native ones included (threading.active_count misses those)."""
     return len(os.listdir("/proc/self/task"))
+
+
+# ---------------------------------------------------------------- object storage (tests/test_storage*.py)
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 HTTP server (moto's server mode) on 127.0.0.1, with test credentials in the
+    environment (the loader reads them through boto3's standard chain)."""
+    server_mod = pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    env = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "SECRETsecretSECRET0123456789",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}", port
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_proxy(s3_server):
+    """A fault-injecting proxy in front of the S3 server (tests/s3_proxy.py), fresh per test."""
+    from s3_proxy import S3Proxy
+
+    proxy = S3Proxy(s3_server[1])
+    try:
+        yield proxy
+    finally:
+        proxy.close()

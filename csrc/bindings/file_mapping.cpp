@@ -13,6 +13,8 @@
 // a bounded number at a time, for sources of more files than the process may map at once.
 #include "bindings/file_mapping.h"
 
+#include "bindings/python_ref.h"
+
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -163,6 +165,31 @@ std::shared_ptr<LazyFiles> make_lazy_files(std::shared_ptr<MappingCache> cache, 
   return std::make_shared<LazyFiles>(std::move(cache), std::move(out));
 }
 
+// The provider of files fetched on demand: a Python callable (file index -> (st_dev, st_ino,
+// st_mtime_ns, st_size)) called on a collation thread with the GIL taken there. Its Python
+// exception becomes a std::runtime_error carrying the message (next() raises it as RuntimeError);
+// the callable is released with the GIL held, whichever thread drops the last LazyFiles.
+void set_provider(LazyFiles& files, py::function fn) {
+  std::shared_ptr<PyObject> held(fn.release().ptr(), [](PyObject* p) {
+    if (!Py_IsInitialized()) return;  // at exit: leak it rather than touch a finalized interpreter
+    GilScope gil;
+    Py_DECREF(p);
+  });
+  files.set_provider([held](int32_t i) {
+    GilScope gil;
+    try {
+      py::object r = py::reinterpret_borrow<py::object>(held.get())(i);
+      auto t = r.cast<std::tuple<int64_t, int64_t, int64_t, int64_t>>();
+      return FileIdentity{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)};
+    } catch (py::error_already_set& e) {
+      std::string message = py::str(e.value());
+      throw std::runtime_error(message);
+    } catch (const py::cast_error& e) {
+      throw std::runtime_error(std::string("the file provider returned no identity: ") + e.what());
+    }
+  });
+}
+
 py::dict stats_dict(const MappingCache& c) {
   const MappingCache::Stats s = c.stats();
   py::dict d;
@@ -206,6 +233,11 @@ void register_file_mapping(py::module_& m) {
                                                     "Files mapped by the collation threads when a batch needs them")
       .def(py::init(&make_lazy_files), py::arg("cache"), py::arg("paths"), py::arg("files"))
       .def_property_readonly("cache", &LazyFiles::cache)
+      .def("set_provider", &set_provider, py::arg("provider"),
+           "provider(i) -> (st_dev, st_ino, st_mtime_ns, st_size): called on a collation thread before file i "
+           "is mapped; makes the file present (a fetch) and returns the identity to check; set before any use")
+      .def("try_unmap", &LazyFiles::try_unmap, py::arg("file"),
+           "unmaps the file unless a thread pins or maps it now; True if it is unmapped (its file may go)")
       .def("__len__", &LazyFiles::size);
 }
 

@@ -52,7 +52,7 @@ std::string describe_change(const FileIdentity& then, const struct stat& now) {
 
 // Maps the whole file (mmap offsets must be page-aligned; the data start after a header), after
 // checking it is the file described. The descriptor is closed at once: a mapping needs none.
-std::pair<void*, size_t> map_checked(const LazyFile& f) {
+std::pair<void*, size_t> map_checked(const LazyFile& f, const FileIdentity& id) {
   // O_NONBLOCK: a FIFO put in the file's place must not block the collation thread.
   const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
@@ -70,7 +70,6 @@ std::pair<void*, size_t> map_checked(const LazyFile& f) {
     ::close(fd);
     fail(f, "the file is no longer a regular file");
   }
-  const FileIdentity& id = f.identity;
   if (static_cast<int64_t>(st.st_dev) != id.device || static_cast<int64_t>(st.st_ino) != id.inode ||
       mtime_ns(st) != id.mtime_ns || static_cast<int64_t>(st.st_size) != id.size) {
     ::close(fd);
@@ -237,7 +236,21 @@ const std::byte* LazyFiles::pin_locked(std::unique_lock<std::mutex>& lock, int32
     std::pair<void*, size_t> m{nullptr, 0};
     std::exception_ptr error;
     try {
-      m = map_checked(f);
+      if (!provider_) {
+        m = map_checked(f, f.identity);
+      } else {
+        // Another process sharing the cache may remove the file between the provider's answer
+        // and the open here (it cannot see this process's pins): ask the provider again, which
+        // fetches it back. What the provider throws is not retried.
+        for (int attempt = 1;; ++attempt) {
+          try {
+            m = map_checked(f, provider_(i));
+            break;
+          } catch (const std::invalid_argument&) {
+            if (attempt == 3) throw;
+          }
+        }
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -295,6 +308,27 @@ void LazyFiles::unpin(const int32_t* ids, int n) noexcept {
     cache_->note_locked();
   }
   victims.flush();
+}
+
+bool LazyFiles::try_unmap(int32_t i) {
+  using Slot = MappingCache::Slot;
+  if (i < 0 || static_cast<size_t>(i) >= files_.size()) throw std::out_of_range("file index out of range");
+  MappingCache::Victims victims;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex_);
+    Slot& s = slots_[static_cast<size_t>(i)];
+    if (s.state == Slot::kMapping || s.pins > 0) return false;
+    if (s.state == Slot::kMapped) {
+      if (s.in_lru) cache_->lru_remove(&s);
+      victims.add(s.addr, s.length);
+      s.addr = nullptr;
+      s.length = 0;
+      s.state = Slot::kUnmapped;
+      --cache_->live_;
+    }
+  }
+  victims.flush();
+  return true;
 }
 
 bool LazyFiles::checked(int32_t i) const {

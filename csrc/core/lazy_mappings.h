@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -107,6 +108,16 @@ class LazyFiles {
   bool checked(int32_t i) const;
   void set_checked(int32_t i);
 
+  // Files fetched on demand (object storage): the provider is called on the pinning thread,
+  // without the cache's lock, before file i is mapped; it makes the file present and returns the
+  // identity the mapping must find (the file's own, which a new download changes). What it throws
+  // fails the batch. Set once, before the first pin.
+  using Provider = std::function<FileIdentity(int32_t)>;
+  void set_provider(Provider provider) { provider_ = std::move(provider); }
+  // For the fetcher's eviction: unmaps file i unless a thread pins it or is mapping it. True if it
+  // is unmapped now, so that its file may be removed (a later pin calls the provider again).
+  bool try_unmap(int32_t i);
+
  private:
   const std::byte* pin_locked(std::unique_lock<std::mutex>& lock, int32_t i);
   void unpin_locked(int32_t i, MappingCache::Victims& victims);
@@ -115,6 +126,7 @@ class LazyFiles {
   std::vector<LazyFile> files_;
   std::unique_ptr<MappingCache::Slot[]> slots_;
   uint64_t fork_generation_;
+  Provider provider_;
 };
 
 // RAII pins of up to `capacity` files of one LazyFiles: unpinned when it goes out of scope, so an

@@ -25,6 +25,7 @@ from ._schedules import Schedule, make_schedule
 from ._sources.workers import WorkerProcesses
 from ._sources.protocol import as_source, check_fingerprint, fingerprint
 from ._stats import LoaderStats
+from ._storage.plan import attach_loader, epoch_started
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
 # csrc/bindings/loader_binding.h): a Ctrl-C can never fall between taking a batch and handing it
@@ -162,6 +163,7 @@ class Loader:
         # Test hook: with raw device batches or stand-in tensors, the consumer stream next() makes
         # a batch ready on (a stream handle of the stand-in driver; 0: the legacy default stream).
         self._test_stream = 0
+        attach_loader(self)  # object storage: a cache_limit below one step's shards is an error now
         _lifecycle.register(self)
 
     @staticmethod
@@ -242,6 +244,8 @@ class Loader:
                 self._start_workers()
             run = schedule.start(self._engine, prepared, len(devices), self._fail_at_batch, indices)
             self._warn_left_behind(self._engine)
+            if not self._config.stepped:  # object storage: the fetcher prefetches along this epoch's plan
+                epoch_started(self, run.epoch, run, len(devices))
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream,
                                    self._standin_tensors)
                     for d, i in enumerate(indices)]

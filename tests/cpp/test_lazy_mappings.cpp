@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <set>
 #include <stdexcept>
 
@@ -332,6 +334,110 @@ TEST_CASE(lazy_mappings_refuse_a_forked_child_instead_of_taking_a_lock_it_may_ne
   ::waitpid(pid, &status, 0);
   CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status " << status);
   files->unpin(ids, 2);
+  CHECK(cache->stats().pinned == 0);
+}
+
+// Files fetched on demand (object storage): a provider makes each file present before it is
+// mapped and returns the identity it then has; an evictor removes files it may (try_unmap).
+// Readers always see the right bytes, files a reader pins are never removed, and a removed file
+// comes back through the provider with a new inode.
+TEST_CASE(lazy_mappings_provider_and_try_unmap_never_remove_a_pinned_file) {
+  TempDir dir;
+  constexpr int kFiles = 12, kThreads = 3;
+  constexpr int64_t kRows = 32;
+  std::vector<LazyFile> described = make_files(dir, kFiles, kRows);
+  std::vector<std::vector<uint8_t>> contents(kFiles);
+  for (int k = 0; k < kFiles; ++k) {
+    contents[k].assign(static_cast<size_t>(kHeader + kRows * 8), 0xAB);
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < 8; ++j) contents[k][static_cast<size_t>(kHeader + r * 8 + j)] = byte_of(k, r, j);
+    described[k].identity = {};  // unknown until provided
+  }
+  auto cache = std::make_shared<MappingCache>(64);
+  LazyFiles files(cache, described);
+  std::mutex store;  // the fetcher's lock: presence and removal decided under it
+  std::atomic<int64_t> provided{0}, removed{0}, bad{0};
+  files.set_provider([&](int32_t i) {
+    std::lock_guard<std::mutex> lock(store);
+    const std::string& path = described[static_cast<size_t>(i)].path;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {  // evicted: "download" it again
+      const std::string tmp = path + ".part";
+      write_file(tmp, contents[static_cast<size_t>(i)]);
+      if (::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("rename failed");
+      ::stat(path.c_str(), &st);
+    }
+    ++provided;
+    return FileIdentity{static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino), mtime_ns(st),
+                        static_cast<int64_t>(st.st_size)};
+  });
+  std::atomic<bool> done{false};
+  std::thread evictor([&] {
+    std::mt19937_64 rng(99);
+    while (!done.load()) {
+      const int32_t i = static_cast<int32_t>(rng() % kFiles);
+      std::lock_guard<std::mutex> lock(store);
+      if (files.try_unmap(i)) {
+        ::unlink(described[static_cast<size_t>(i)].path.c_str());
+        ++removed;
+      }
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int t = 0; t < kThreads; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<uint64_t>(t) + 7);
+      for (int round = 0; round < 300; ++round) {
+        std::set<int32_t> pick;
+        const int want = 1 + static_cast<int>(rng() % 4);
+        while (static_cast<int>(pick.size()) < want) pick.insert(static_cast<int32_t>(rng() % kFiles));
+        std::vector<int32_t> ids(pick.begin(), pick.end());
+        std::vector<const std::byte*> data(ids.size());
+        PinnedFiles pins(files);
+        pins.pin(ids.data(), static_cast<int>(ids.size()), data.data());
+        std::this_thread::yield();  // the evictor runs while these are pinned
+        for (size_t k = 0; k < ids.size(); ++k)
+          for (int64_t r = 0; r < kRows; r += 5)
+            for (int64_t j = 0; j < 8; ++j)
+              if (static_cast<uint8_t>(data[k][r * 8 + j]) != byte_of(ids[k], r, j)) ++bad;
+      }
+    });
+  }
+  for (auto& th : readers) th.join();
+  done = true;
+  evictor.join();
+  CHECK(bad.load() == 0);
+  CHECK_MSG(removed.load() > 0 && provided.load() > kFiles, "removed " << removed.load() << " provided "
+                                                                        << provided.load());
+  CHECK(cache->stats().pinned == 0);
+  CHECK(cache->stats().failures == 0);
+  CHECK_THROWS(files.try_unmap(kFiles), std::out_of_range, "out of range");
+}
+
+// Another process evicts a file between the provider's answer and the mapping: the pin asks the
+// provider again (it fetches the file back) instead of failing the batch; a provider's own error
+// is not retried.
+TEST_CASE(lazy_mappings_provider_is_asked_again_when_the_file_went_away_meanwhile) {
+  TempDir dir;
+  std::vector<LazyFile> described = make_files(dir, 1, 4);
+  const LazyFile original = described[0];
+  auto cache = std::make_shared<MappingCache>(4);
+  LazyFiles files(cache, described);
+  int calls = 0;
+  files.set_provider([&](int32_t) {
+    ++calls;
+    if (calls == 1) return FileIdentity{1, 2, 3, original.identity.size};  // then "removed": stale
+    return original.identity;
+  });
+  const int32_t id = 0;
+  const std::byte* data = nullptr;
+  files.pin(&id, 1, &data);
+  CHECK(calls == 2);
+  CHECK(static_cast<uint8_t>(data[8]) == byte_of(0, 1, 0));
+  files.unpin(&id, 1);
+  CHECK(files.try_unmap(0));
+  files.set_provider([&](int32_t) -> FileIdentity { throw std::runtime_error("GET s3://b/k failed after 6 attempts"); });
+  CHECK_THROWS(files.pin(&id, 1, &data), std::runtime_error, "failed after 6 attempts");
   CHECK(cache->stats().pinned == 0);
 }
 

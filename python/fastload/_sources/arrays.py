@@ -72,7 +72,8 @@ class Dataset:
 
     @classmethod
     def open(cls, path: str | os.PathLike, verify: bool = False, *, pad: Any = 0,
-             max_length: Any = None) -> "Dataset":
+             max_length: Any = None, storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None,
+             cache_limit: Any = None) -> "Dataset":
         """A dataset directory written by fastload.write_dataset or DatasetWriter, mapped lazily.
 
         Args:
@@ -80,9 +81,23 @@ class Dataset:
             verify: read every shard and check its checksum (else only sizes are checked).
             pad: the pad value of ragged columns (one for all, or a dict by column name).
             max_length: cap on a ragged row's length (one for all, or a dict by column name).
+            storage_options, cache_dir, cache_limit: for a URL (s3://bucket/prefix, https://...):
+                client settings (endpoint_url, ...), where the local cache of its shards lives, and
+                its bound in bytes or as "50GB" (see docs/object-storage.md).
         """
         from .directory import open_dataset  # noqa: PLC0415 - directory builds on the column modules this one uses
+        from .._storage import is_url  # noqa: PLC0415
 
+        if is_url(path):  # a URL becomes local cached paths here; the rest is a dataset directory's
+            from .remote import RemoteDataset  # noqa: PLC0415 - loads boto3
+
+            if not isinstance(verify, bool):
+                raise TypeError(f"verify must be a bool, got {verify!r}")
+            return RemoteDataset(path, verify=verify, pad=pad, max_length=max_length,  # type: ignore[return-value]
+                                 storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        if storage_options is not None or cache_dir is not None or cache_limit is not None:
+            raise ValueError("storage_options, cache_dir and cache_limit are for URLs (s3://, https://); "
+                             f"{os.fspath(path)!r} is a local path")
         return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
 
     @property
@@ -188,7 +203,8 @@ class Windows:
 
     @classmethod
     def from_files(cls, paths: Sequence[str | os.PathLike], dtype: Any, length: int, stride: int | None = None,
-                   row_shape: Sequence[int] = ()) -> "Windows":
+                   row_shape: Sequence[int] = (), *, storage_options: Mapping[str, Any] | None = None,
+                   cache_dir: Any = None, cache_limit: Any = None) -> "Windows":
         """Windows over raw binary files (nanoGPT/Megatron token .bin files, or time-series rows of
         shape row_shape), each memory-mapped read-only: one source, no window crossing a file end.
 
@@ -197,10 +213,35 @@ class Windows:
             dtype: their element type (e.g. np.uint16 for GPT-2 tokens).
             length, stride: as for Windows.
             row_shape: the shape of one row for N-D data (a file is then rows of that shape).
+            storage_options, cache_dir, cache_limit: for URLs (a prefix "s3://bucket/tokens/", whose
+                objects are read in name order, or a list of URLs): see docs/object-storage.md.
         """
+        from .._storage import is_url  # noqa: PLC0415
+
+        if is_url(paths) or (isinstance(paths, (list, tuple)) and any(is_url(p) for p in paths)):
+            from .remote import remote_token_files  # noqa: PLC0415 - loads boto3
+
+            files = remote_token_files(paths, dtype, row_shape, storage_options, cache_dir, cache_limit)
+            source = cls(files, length, stride)
+            source.files = [str(u) for u in files._reduced[0]]
+            return source
+        if storage_options is not None or cache_dir is not None or cache_limit is not None:
+            raise ValueError("storage_options, cache_dir and cache_limit are for URLs (s3://, https://), not local paths")
         source = cls(map_token_files(paths, dtype, row_shape), length, stride)
         source.files = [os.fspath(p) for p in paths]
         return source
+
+    def _remote_fetcher(self) -> Any:
+        """The fetcher of token files in object storage (None for local data): the Loader gives
+        it this rank's plan."""
+        return getattr(self._tokens, "fetcher", None)
+
+    def storage_stats(self) -> Any:
+        """For token files in object storage: bytes fetched, requests, hits, misses, waits."""
+        fetcher = self._remote_fetcher()
+        if fetcher is None:
+            raise ValueError("storage_stats() is for Windows.from_files over URLs; these tokens are local")
+        return fetcher.stats()
 
     @property
     def shard_rows(self) -> list[int] | None:
@@ -290,9 +331,13 @@ class Windows:
 def _restore_windows(tokens: Any, length: int, stride: int, files: list[str] | None = None,
                      declared: list[int] | None = None) -> Windows:
     # A from_files Windows travels by its files (memmaps by name); each is mapped again here.
-    if isinstance(tokens, tuple) and tokens[0] == "token_files":
+    if isinstance(tokens, tuple) and tokens[0] == "remote_token_files":
+        from .remote import restore_token_files  # noqa: PLC0415
+
+        arrays: Any = restore_token_files(tokens)
+    elif isinstance(tokens, tuple) and tokens[0] == "token_files":
         _, paths, dtype, row_shape = tokens
-        arrays: Any = map_token_files(paths, dtype, row_shape)
+        arrays = map_token_files(paths, dtype, row_shape)
     else:
         arrays = [restore_column(t) for t in tokens] if isinstance(tokens, list) else restore_column(tokens)
     w = Windows(arrays, length, stride)

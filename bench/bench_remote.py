@@ -1,0 +1,192 @@
+"""Object storage, side by side in one run on a loopback S3 server (moto's server mode, in its
+own process): the network ceiling (parallel GETs of the same objects) with each client that is
+installed (boto3, obstore, s3fs), then fastload reading the same dataset from s3:// (epoch 1 from
+an empty cache, epoch 2 from the cache, and order="block" with a cache of 25% of the dataset),
+against the same dataset directory read locally.
+
+    python bench/bench_remote.py [--mb 192] [--shard-mb 8] [--rounds 3] [--threads 2]
+
+moto serves from Python, so its ceiling is far below a real store's; what matters here are the
+ratios measured in the same run. Not a timed test."""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import fastload as fl
+
+BUCKET = "bench-remote"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server() -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the moto server did not start")
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def ceiling_boto3(endpoint: str, keys: list[str], concurrency: int) -> float:
+    import boto3
+    import botocore.config
+
+    c = boto3.client("s3", endpoint_url=endpoint, config=botocore.config.Config(max_pool_connections=concurrency))
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        n = sum(pool.map(lambda k: len(c.get_object(Bucket=BUCKET, Key=k)["Body"].read()), keys))
+    return n / (time.perf_counter() - t)
+
+
+def ceiling_obstore(endpoint: str, keys: list[str], concurrency: int) -> float:
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", client_options={"allow_http": True},
+                    access_key_id=os.environ["AWS_ACCESS_KEY_ID"], secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"])
+    t = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        n = sum(pool.map(lambda k: len(obstore.get(store, k).bytes()), keys))
+    return n / (time.perf_counter() - t)
+
+
+def ceiling_s3fs(endpoint: str, keys: list[str], concurrency: int) -> float:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, max_concurrency=concurrency,
+                           skip_instance_cache=True)
+    t = time.perf_counter()
+    out = fs.cat([f"{BUCKET}/{k}" for k in keys])
+    n = sum(len(v) for v in out.values())
+    return n / (time.perf_counter() - t)
+
+
+def epoch(loader: fl.Loader, e: int) -> tuple[float, float, int]:
+    """(seconds to the first batch, seconds for the epoch, samples)."""
+    loader.set_epoch(e)
+    t = time.perf_counter()
+    first = None
+    n = 0
+    for b in loader:
+        if first is None:
+            first = time.perf_counter() - t
+        n += len(b["y"])
+    return first or 0.0, time.perf_counter() - t, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=192)
+    ap.add_argument("--shard-mb", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=16)
+    args = ap.parse_args()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    import boto3
+
+    tmp = tempfile.mkdtemp(prefix="bench_remote_")
+    proc, endpoint = _start_server()
+    try:
+        rows = args.mb * 1024  # 1 KiB rows
+        per_shard = args.shard_mb * 1024
+        x = np.random.default_rng(0).integers(0, 255, (rows, 1016), dtype=np.uint8)
+        local = os.path.join(tmp, "ds")
+        fl.write_dataset(local, {"x": x, "y": np.arange(rows, dtype=np.int64)}, rows_per_shard=per_shard, fsync=False)
+        del x
+        c = boto3.client("s3", endpoint_url=endpoint)
+        c.create_bucket(Bucket=BUCKET)
+        keys = []
+        for d, _, fs in os.walk(local):
+            for f in sorted(fs):
+                p = os.path.join(d, f)
+                key = "ds/" + os.path.relpath(p, local)
+                with open(p, "rb") as fh:
+                    c.put_object(Bucket=BUCKET, Key=key, Body=fh.read())
+                if f.endswith(".npy"):
+                    keys.append(key)
+        total = sum(os.path.getsize(os.path.join(local, k[3:])) for k in keys)
+        print(f"dataset: {rows} rows of 1 KiB in {len(keys)} objects, {total / 1e6:.0f} MB; moto on {endpoint}; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+        print("\nnetwork ceiling: parallel GETs of every object, MB/s (median of rounds)")
+        ceilings = {}
+        for name, fn in [("boto3", ceiling_boto3), ("obstore", ceiling_obstore), ("s3fs", ceiling_s3fs)]:
+            try:
+                rates = [fn(endpoint, keys, args.concurrency) for _ in range(args.rounds)]
+            except ImportError:
+                print(f"  {name:8s} not installed")
+                continue
+            ceilings[name] = _median(rates)
+            print(f"  {name:8s} {ceilings[name] / 1e6:8.1f}   rounds {[round(r / 1e6) for r in rates]}")
+
+        clients = [c for c in ("obstore", "boto3") if c in ceilings]
+        print(f"\nfastload, batch 256, {args.threads} threads, shuffled, median of {args.rounds} rounds; x ceiling: "
+              "against the same client's parallel GETs (bytes/s)")
+        url = f"s3://{BUCKET}/ds"
+        results: dict[str, list] = {"local directory": []}
+        fetched_ratio: dict[str, list] = {}
+        for r in range(args.rounds):
+            kw = dict(batch_size=256, shuffle=True, seed=r, num_threads=args.threads)
+            results["local directory"].append(epoch(fl.Loader(fl.Dataset.open(local), **kw), 0))
+            for client in clients:
+                opts = {"endpoint_url": endpoint, "max_concurrency": args.concurrency, "client": client}
+                cache = os.path.join(tmp, f"cache{r}")
+                ds = fl.Dataset.open(url, storage_options=opts, cache_dir=cache)
+                loader = fl.Loader(ds, **kw)
+                results.setdefault(f"{client} epoch 1", []).append(epoch(loader, 0))
+                results.setdefault(f"{client} epoch 2", []).append(epoch(loader, 1))
+                del loader, ds
+                shutil.rmtree(cache)
+                small = fl.Dataset.open(url, storage_options=opts, cache_dir=cache, cache_limit=total // 4)
+                results.setdefault(f"{client} block 25%", []).append(epoch(fl.Loader(small, order="block", **kw), 0))
+                fetched_ratio.setdefault(client, []).append(small.storage_stats().bytes_fetched / total)
+                del small
+                shutil.rmtree(cache)
+        print(f"  {'run':22s} {'first batch s':>13s} {'samples/s':>10s} {'MB/s':>8s} {'x ceiling':>9s}")
+        for name, runs in results.items():
+            first = _median([f for f, _, _ in runs])
+            rate = _median([n / t for _, t, n in runs])
+            mbs = rate * (1016 + 8) / 1e6
+            ceiling = ceilings.get(name.split()[0])
+            ratio = f"{mbs * 1e6 / ceiling:9.2f}" if ceiling else f"{'':9s}"
+            print(f"  {name:22s} {first:13.3f} {rate:10.0f} {mbs:8.1f} {ratio}")
+        for client, ratios in fetched_ratio.items():
+            print(f"\n{client}: order='block' with cache_limit 25% of the dataset fetched {_median(ratios):.2f}x the "
+                  "dataset in one epoch (disk use <= cache_limit: tests/test_storage.py checks it)")
+        print(f"load average now {os.getloadavg()[0]:.1f}")
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The on-disk cache of one remote dataset: a folder of whole objects, each either complete and
+verified under its final name or absent. Shared by the processes of a node through the file
+system only: a download holds an exclusive flock on the object's lock file, writes a temporary
+name, verifies size (and checksum) and renames into place; a process killed mid-download leaves
+a temporary file whose lock the kernel released, which the next fetch (or the next open) removes.
+No shared-memory segment, no daemon: nothing outlives a crash but files the next run recognises."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from typing import Any, Callable
+
+from .urls import Url
+
+_PART = ".part-"  # <name>.part-<pid>-<random>: a download in progress (or abandoned)
+_LOCK = ".lock"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+
+
+def parse_size(value: Any, what: str = "cache_limit") -> int:
+    """Bytes from an int or a string such as "50GB", "512MiB", "1.5 TB"."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be bytes (an int) or a size such as '50GB', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{what} must be positive, got {value}")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if m and m.group(2).upper() in _UNITS:
+            n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+            if n > 0:
+                return n
+        raise ValueError(f"{what} must be a size such as '50GB' or '512MiB', got {value!r}")
+    raise TypeError(f"{what} must be bytes (an int) or a size such as '50GB', got {type(value).__name__}")
+
+
+def default_cache_root() -> str:
+    """A per-user folder under the platform's cache directory (XDG_CACHE_HOME or ~/.cache);
+    never /dev/shm: cached shards are files, not shared-memory segments."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastload", "remote")
+
+
+def cache_key(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.hexdigest()
+
+
+def default_limit(folder: str) -> int:
+    """Half the free space of the file system that holds the cache (at least 1 GiB)."""
+    probe = folder
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "."
+    st = os.statvfs(probe)
+    return max(1 << 30, st.f_bavail * st.f_frsize // 2)
+
+
+class Entry:
+    """One object of the dataset: where it comes from, its local name, what verifies it."""
+
+    __slots__ = ("url", "rel", "size", "verify")
+
+    def __init__(self, url: Url, rel: str, size: int, verify: Any = None):  # verify: a client.BodyCheck
+        self.url, self.rel, self.size, self.verify = url, rel, size, verify
+
+
+class ObjectCache:
+    """The folder `root` of one dataset's objects (complete, verified files by relative name)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, exist_ok=True)
+        self.removed_partials = self._remove_abandoned()
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def present(self, entry: Entry) -> os.stat_result | None:
+        """The stat of the complete file, or None. A file of the wrong size under the final name
+        (a copy made by hand, a disk that lost data) is not the object: removed, fetched again."""
+        try:
+            st = os.stat(self.path(entry.rel))
+        except FileNotFoundError:
+            return None
+        if st.st_size != entry.size:
+            self.remove(entry)
+            return None
+        return st
+
+    def scan(self) -> dict[str, int]:
+        """Relative name -> bytes of every complete object in the folder now (any process's)."""
+        out: dict[str, int] = {}
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                if name.endswith(_LOCK) or _PART in name or name == "manifest.json":
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    out[os.path.relpath(full, self.root)] = os.stat(full).st_size
+                except FileNotFoundError:
+                    pass
+        return out
+
+    def remove(self, entry: Entry) -> None:
+        try:
+            os.unlink(self.path(entry.rel))
+        except FileNotFoundError:
+            pass
+
+    def fetch(self, entry: Entry, get: Callable[..., int]) -> tuple[os.stat_result, int]:
+        """Makes the object present: (its stat, bytes this process downloaded: 0 if another
+        process had it or fetched it meanwhile). One download per node: the flock on its lock
+        file is held while it downloads, verifies and renames."""
+        path = self.path(entry.rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock_fd = os.open(path + _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+            st = self.present(entry)
+            if st is not None:
+                return st, 0
+            self._remove_partials(path)  # the lock is ours: any partial file is abandoned
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + f"{_PART}{os.getpid()}-",
+                                       dir=os.path.dirname(path))
+            try:
+                with os.fdopen(fd, "w+b") as out:
+                    n = get(entry.url, out, entry.size, entry.verify)  # size and checksum checked
+                os.rename(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
+            return os.stat(path), n
+        finally:
+            os.close(lock_fd)  # releases the flock
+
+    @staticmethod
+    def _remove_partials(path: str) -> None:
+        folder, base = os.path.split(path)
+        for name in os.listdir(folder):
+            if name.startswith(base + _PART):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except FileNotFoundError:
+                    pass
+
+    def _remove_abandoned(self) -> int:
+        """Partial downloads whose lock no process holds (their writer died): removed at open."""
+        removed = 0
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                if _PART not in name:
+                    continue
+                final = os.path.join(dirpath, name.split(_PART, 1)[0])
+                try:
+                    fd = os.open(final + _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue  # a live download
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+                finally:
+                    os.close(fd)
+        return removed
+
+
+def clear(root: str) -> None:
+    """Removes one dataset's cache folder (tests, and users who want the space back)."""
+    shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,368 @@
+"""The fetcher of one remote source: makes cached objects present for the collation threads (the
+mapping layer's provider), prefetches along this rank's plan, and evicts the cached object whose
+next use in the plan is furthest away (Belady's rule; least recently used without a plan).
+
+The plan is a pure function (Loader.plan), so the fetcher knows each shard's next use exactly;
+the consumer's position comes from the batches the loader has handed out. Downloads run on a
+small pool of threads (boto3 releases the GIL while it waits on sockets), bounded in requests and
+in bytes in flight; the cache is bounded by `limit` bytes, and a file mapped or being mapped by a
+collation thread is never removed (LazyFiles.try_unmap refuses it)."""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .cache import Entry, ObjectCache
+from .client import Client
+
+_INF = np.iinfo(np.int64).max
+_WINDOW = 1 << 18  # samples of the plan looked at ahead per prefetch round
+_DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
+_RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
+_NEXT_EPOCH_SHARE = 8  # the next epoch's shards are prefetched up to limit / this (at least a shard)
+
+
+@dataclass
+class StorageStats:
+    """Counters of one remote source since it was opened (all processes' downloads are not
+    included: a file another process fetched is a hit here)."""
+    bytes_fetched: int = 0  # bytes this process downloaded
+    requests: int = 0  # GETs sent (retries included)
+    hits: int = 0  # files the collation threads found in the cache
+    misses: int = 0  # files they had to wait for (a fetch in flight or one they started)
+    wait_s: float = 0.0  # time collation threads waited for fetches
+    prefetched: int = 0  # files the fetcher downloaded ahead of need
+    evictions: int = 0
+    cached_bytes: int = 0  # bytes in the cache folder now
+    limit: int = 0  # the cache_limit
+    fetch_busy_s: float = 0.0  # time at least one download was running
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Bytes from storage per second while downloads ran."""
+        return self.bytes_fetched / self.fetch_busy_s if self.fetch_busy_s > 0 else 0.0
+
+
+class Fetcher:
+    def __init__(self, client: Client, cache: ObjectCache, entries: Sequence[Entry], shard_files: Sequence[Sequence[int]],
+                 limit: int, max_inflight_bytes: int | None = None):
+        self.client, self.cache, self.entries, self.limit = client, cache, list(entries), limit
+        self.shard_files = [list(f) for f in shard_files]
+        self.shard_of_file = np.zeros(len(self.entries), dtype=np.int64)
+        for k, files in enumerate(self.shard_files):
+            self.shard_of_file[files] = k
+        self.shard_bytes = np.array([sum(self.entries[i].size for i in f) for f in self.shard_files], dtype=np.int64)
+        self.max_inflight = max_inflight_bytes or max(int(self.shard_bytes.max()), min(limit // 4, 1 << 30))
+        self._by_rel = {e.rel: i for i, e in enumerate(self.entries)}
+        self._cond = threading.Condition()
+        self._fetching = np.zeros(len(self.entries), dtype=bool)
+        self._last_use = np.zeros(len(self.entries), dtype=np.int64)
+        self._clock = 0
+        self._reserved = 0  # bytes of downloads in flight (their temporary files)
+        self._on_disk: set[int] | None = None  # files complete in the cache folder (_scan_locked)
+        self._scanned_at = 0.0
+        self._files: Any = None  # the native LazyFiles, once the source is described
+        self._stats = StorageStats(limit=limit)
+        self._active = 0
+        self._busy_since = 0.0
+        # The plan of the epoch running: per shard, the sorted positions (in samples from the
+        # epoch's start position) where it is read; and where the consumer is.
+        self._occ_order: np.ndarray | None = None
+        self._occ_start: np.ndarray | None = None
+        self._seq: np.ndarray | None = None
+        self._position: Callable[[], int | None] = lambda: None
+        self._epoch_token = 0
+        self._boundary = 0  # where the next epoch's positions start in _seq
+        self._stopped = False
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
+        _live.add(self)
+
+    # ------------------------------------------------------------------ the collation threads' side
+    def bind(self, lazy_files: Any) -> None:
+        """Makes this fetcher the provider of the native LazyFiles (one per source). The provider
+        holds the fetcher weakly: the fetcher holds the LazyFiles, and a cycle through the native
+        object would keep both (and the prefetch thread) alive for good."""
+        self._files = lazy_files
+        ref = weakref.ref(self)
+
+        def provide(i: int) -> tuple[int, int, int, int]:
+            fetcher = ref()
+            if fetcher is None:
+                raise RuntimeError("the remote source was closed while a batch still needed its files")
+            return fetcher.provide(i)
+
+        lazy_files.set_provider(provide)
+
+    def provide(self, i: int) -> tuple[int, int, int, int]:
+        """Called by a collation thread before it maps file i: the file is present (fetched now
+        if needed) and its identity is returned. Raises OSError naming the URL on failure."""
+        entry = self.entries[i]
+        t0 = time.monotonic()
+        waited = False
+        with self._cond:
+            self._clock += 1
+            self._last_use[i] = self._clock
+            while True:
+                if not self._fetching[i]:
+                    st = self.cache.present(entry)
+                    self._note_locked(i, st is not None)
+                    if st is not None:
+                        if waited:
+                            self._stats.misses += 1
+                            self._stats.wait_s += time.monotonic() - t0
+                        else:
+                            self._stats.hits += 1
+                        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+                    break
+                waited = True
+                self._cond.wait(0.5)
+            self._stats.misses += 1
+            self._fetching[i] = True
+            try:
+                self._make_room_locked(entry.size, demand=True, needed_at=-1)
+            except BaseException:
+                self._fetching[i] = False
+                self._cond.notify_all()
+                raise
+        st = self._download(i)
+        with self._cond:
+            self._stats.wait_s += time.monotonic() - t0
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _download(self, i: int) -> os.stat_result:
+        """Downloads file i (room already reserved, _fetching[i] set): always clears both."""
+        entry = self.entries[i]
+        with self._cond:
+            if self._active == 0:
+                self._busy_since = time.monotonic()
+            self._active += 1
+        ok = False
+        try:
+            st, n = self.cache.fetch(entry, self.client.get)
+            ok = True
+        finally:
+            with self._cond:
+                if ok:
+                    self._note_locked(i, True)
+                self._active -= 1
+                if self._active == 0:
+                    self._stats.fetch_busy_s += time.monotonic() - self._busy_since
+                self._reserved -= entry.size
+                self._fetching[i] = False
+                self._cond.notify_all()
+        with self._cond:
+            self._stats.bytes_fetched += n
+        return st
+
+    # ------------------------------------------------------------------ room and eviction
+    def _next_use(self, files: np.ndarray, pos: int) -> np.ndarray:
+        """Per file, the plan position (samples from the epoch's start) where its shard is next
+        read at or after `pos`; _INF if not again this epoch. Without a plan: older use = sooner
+        gone (least recently used), as negative times."""
+        if self._occ_order is None:
+            return -self._last_use[files]
+        out = np.full(len(files), _INF, dtype=np.int64)
+        for j, k in enumerate(self.shard_of_file[files]):
+            occ = self._occ_order[self._occ_start[k]:self._occ_start[k + 1]]
+            at = np.searchsorted(occ, pos)
+            if at < len(occ):
+                out[j] = occ[at]
+        return out
+
+    def _make_room_locked(self, nbytes: int, demand: bool, needed_at: int) -> bool:
+        """Reserves nbytes of the limit, evicting the cached files needed furthest ahead. A
+        prefetch evicts only files needed later than `needed_at` (else it is not worth it: False);
+        a demand waits for room (files unpinned, downloads done) and raises after a bound."""
+        deadline = time.monotonic() + _DEMAND_WAIT
+        fresh = False
+        while True:
+            on_disk = self._scan_locked(fresh)
+            used = sum(self.entries[i].size for i in on_disk) + self._reserved
+            if used + nbytes <= self.limit:
+                self._reserved += nbytes
+                return True
+            if not fresh:  # over the limit by the cached view: look at the folder before evicting
+                fresh = True
+                continue
+            candidates = np.array([i for i in on_disk if not self._fetching[i]], dtype=np.int64)
+            if len(candidates):
+                uses = self._next_use(candidates, self._position() or 0)
+                for j in np.argsort(-uses, kind="stable"):
+                    if not demand and uses[j] <= needed_at:
+                        return False
+                    i = int(candidates[j])
+                    if self._files is not None and not self._files.try_unmap(i):
+                        continue  # a collation thread reads it now
+                    self.cache.remove(self.entries[i])
+                    self._note_locked(i, False)
+                    self._stats.evictions += 1
+                    used -= self.entries[i].size
+                    if used + nbytes <= self.limit:
+                        break
+                if used + nbytes <= self.limit:
+                    continue  # scan again: another process may have added files meanwhile
+            if not demand:
+                return False
+            if time.monotonic() > deadline:
+                raise OSError(f"the cache of {self.limit} bytes has no room for {nbytes} more bytes "
+                              f"({self.entries[0].url} ...): {used} bytes are held by files the collation threads "
+                              "read now or by downloads in flight; raise cache_limit")
+            self._cond.wait(0.05)
+
+    def _scan_locked(self, fresh: bool = False) -> list[int]:
+        """Files of this dataset complete in the cache folder (any process's). The folder is
+        walked at most every _RESCAN_S seconds (or when `fresh`): between walks this process's
+        own downloads and evictions keep the set exact, and other processes' are seen at the
+        next walk (and before any eviction decision, which always walks)."""
+        now = time.monotonic()
+        if fresh or self._on_disk is None or now - self._scanned_at > _RESCAN_S:
+            on_disk = set()
+            for rel, size in self.cache.scan().items():
+                i = self._by_rel.get(rel)
+                if i is not None and size == self.entries[i].size:
+                    on_disk.add(i)
+            self._on_disk, self._scanned_at = on_disk, now
+        return list(self._on_disk)
+
+    def _note_locked(self, i: int, present: bool) -> None:
+        if self._on_disk is not None:
+            (self._on_disk.add if present else self._on_disk.discard)(i)
+
+    # ------------------------------------------------------------------ plan-driven prefetch
+    def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None], boundary: int | None = None,
+                    prefetch: bool = True) -> None:
+        """The shard of each sample this rank reads from here on, in order, and a function giving
+        how many of them the loader has handed out (None once that epoch is over or abandoned):
+        prefetch follows it from now on. Positions from `boundary` on are the next epoch's: they
+        are prefetched only up to _NEXT_EPOCH_SHARE of the limit (the run may end there).
+        prefetch=False (tests): eviction follows the plan, nothing is fetched ahead."""
+        seq = np.asarray(seq, dtype=np.int64)
+        order = np.argsort(seq, kind="stable")
+        counts = np.bincount(seq, minlength=len(self.shard_files))
+        with self._cond:
+            self._seq = seq
+            self._occ_order = order.astype(np.int64)
+            self._occ_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            self._position = position
+            self._boundary = len(seq) if boundary is None else boundary
+            self._epoch_token += 1
+            if prefetch:
+                self._ensure_thread_locked()
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        t, pool = self._thread, self._pool
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=30)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _ensure_thread_locked(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.client.concurrency),
+                                                               thread_name_prefix="fastload-fetch")
+            self._thread = threading.Thread(target=_prefetch_loop, args=(weakref.ref(self),), daemon=True,
+                                            name="fastload-prefetch")
+            self._thread.start()
+
+    def _prefetch_round(self) -> float:
+        """Starts the downloads the plan wants next and the bounds allow; returns how long to wait
+        before the next round."""
+        with self._cond:
+            if self._seq is None or self._stopped:
+                return 0.2
+            at = self._position()
+            if at is None:  # the epoch was abandoned or replaced: fetch nothing more for it
+                self._seq = self._occ_order = self._occ_start = None
+                return 0.2
+            seq, pos = self._seq, min(at, len(self._seq))
+            window = seq[pos:pos + _WINDOW]
+            if not len(window):
+                return 0.2
+            shards, first = np.unique(window, return_index=True)
+            ahead = shards[np.argsort(first)]
+            needed_at = np.sort(first) + pos
+            in_flight = int(self._fetching.sum())
+            inflight_bytes = self._reserved
+            on_disk = set(self._scan_locked())
+            span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
+            next_epoch = 0  # of which the next epoch's
+            started = 0
+            for k, at in zip(ahead.tolist(), needed_at.tolist()):
+                span += int(self.shard_bytes[k])
+                if span > self.limit:
+                    break
+                if at >= self._boundary:
+                    next_epoch += int(self.shard_bytes[k])
+                    if next_epoch > max(self.limit // _NEXT_EPOCH_SHARE, int(self.shard_bytes.max())):
+                        break
+                for i in self.shard_files[k]:
+                    if self._fetching[i] or i in on_disk:
+                        continue
+                    size = self.entries[i].size
+                    if in_flight >= self.client.concurrency or (inflight_bytes and inflight_bytes + size > self.max_inflight):
+                        return 0.02
+                    if not self._make_room_locked(size, demand=False, needed_at=at):
+                        return 0.05
+                    self._fetching[i] = True
+                    in_flight += 1
+                    inflight_bytes += size
+                    started += 1
+                    assert self._pool is not None
+                    self._pool.submit(self._prefetch_one, i)
+            return 0.02 if started else 0.1
+
+    def _prefetch_one(self, i: int) -> None:
+        try:
+            self._download(i)
+            with self._cond:
+                self._stats.prefetched += 1
+        except Exception:  # noqa: BLE001 - the collation thread that needs it fetches it again and raises
+            pass
+
+    def stats(self) -> StorageStats:
+        with self._cond:
+            s = StorageStats(**{k: getattr(self._stats, k) for k in StorageStats.__dataclass_fields__})
+            s.requests = self.client.requests
+            s.cached_bytes = sum(self.entries[i].size for i in self._scan_locked(fresh=True))
+            if self._active:
+                s.fetch_busy_s += time.monotonic() - self._busy_since
+        return s
+
+
+def _prefetch_loop(ref: "weakref.ref[Fetcher]") -> None:
+    """The prefetch thread: holds its fetcher only for a round, so a source dropped by the user
+    stops it (and interpreter exit does, through _stop_all)."""
+    while True:
+        f = ref()
+        if f is None or f._stopped:
+            return
+        try:
+            pause = f._prefetch_round()
+        except Exception:  # noqa: BLE001 - prefetch is an optimisation: the demand path reports errors
+            pause = 0.5
+        cond = f._cond
+        del f
+        with cond:
+            cond.wait(pause)
+
+
+_live: "weakref.WeakSet[Fetcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for f in list(_live):
+        f.stop()

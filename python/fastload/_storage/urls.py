@@ -1,0 +1,62 @@
+"""Object URLs: which strings are URLs, what they name (scheme, bucket, key), and how relative
+names join them. Nothing here talks to a server."""
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import Any, NamedTuple
+
+SCHEMES = ("s3", "http", "https")
+# Schemes fastload recognises as object storage but cannot read yet: an error that says so,
+# never "no such file or directory" for a path that looks like a URL.
+LATER = ("gs", "gcs", "az", "abfs", "abfss", "hf")
+
+
+class Url(NamedTuple):
+    scheme: str  # "s3", "http" or "https"
+    bucket: str  # s3: the bucket; http(s): the host (with port)
+    key: str  # s3: the object key (or a prefix); http(s): the path without its leading "/"
+
+    def __str__(self) -> str:
+        if self.scheme == "s3":
+            return f"s3://{self.bucket}/{self.key}"
+        return f"{self.scheme}://{self.bucket}/{self.key}"
+
+    def child(self, name: str) -> "Url":
+        """The object `name` (a relative path, "/"-separated) under this URL taken as a folder."""
+        base = self.key if not self.key or self.key.endswith("/") else self.key + "/"
+        return self._replace(key=base + name)
+
+
+def is_url(value: Any) -> bool:
+    """Whether `value` is a string naming an object by URL (any scheme://), not a local path."""
+    if isinstance(value, os.PathLike) or not isinstance(value, str):
+        return False
+    scheme, sep, _ = value.partition("://")
+    return bool(sep) and scheme.isalnum() and scheme.lower() == scheme
+
+
+def parse_url(value: str, what: str = "path") -> Url:
+    """A URL this layer reads, or a ValueError naming `what` and the value. User info (a secret in
+    https://user:secret@host/...) is refused rather than carried into messages and state."""
+    scheme, _, rest = value.partition("://")
+    if scheme in LATER:
+        raise ValueError(f"{what} {value!r}: {scheme}:// is not supported yet (s3:// and http(s):// are); "
+                         "mount the bucket or copy the data locally")
+    if scheme not in SCHEMES:
+        raise ValueError(f"{what} {value!r}: unknown URL scheme {scheme!r} (supported: s3://, http://, https://)")
+    if scheme == "s3":
+        bucket, _, key = rest.partition("/")
+        if not bucket:
+            raise ValueError(f"{what} {value!r}: an s3:// URL needs a bucket (s3://bucket/prefix)")
+        return Url("s3", bucket, key)
+    parts = urllib.parse.urlsplit(value)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{what}: an {scheme}:// URL with a user name or password is refused (it would be "
+                         "written into messages and saved state); pass headers through storage_options")
+    if not parts.netloc:
+        raise ValueError(f"{what} {value!r}: an {scheme}:// URL needs a host")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{what} {value!r}: query strings and fragments are not supported in object URLs "
+                         "(a signed URL would carry its signature into messages and saved state)")
+    return Url(scheme, parts.netloc, parts.path.lstrip("/"))

@@ -1,0 +1,677 @@
+"""Object storage under the file-backed sources (fastload._storage), against a real S3 server
+(moto's server mode on 127.0.0.1) and the fault-injecting proxy of tests/s3_proxy.py: batches
+read from s3:// equal those of the same dataset read locally, the cache is bounded and verified,
+epoch 2 over a cached dataset sends no GET, faults are retried and reported by URL."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+import fastload as fl
+
+boto3 = pytest.importorskip("boto3")
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+CLIENTS = ["boto3"] + (["obstore"] if _has("obstore") else [])  # every S3 client installed
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _client(endpoint):
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+
+def _bucket(endpoint) -> str:
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    _client(endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def _upload_dir(endpoint, bucket, prefix, local):
+    c = _client(endpoint)
+    for dirpath, _, names in os.walk(local):
+        for n in names:
+            full = os.path.join(dirpath, n)
+            key = f"{prefix}/{os.path.relpath(full, local)}"
+            with open(full, "rb") as f:
+                c.put_object(Bucket=bucket, Key=key, Body=f.read())
+
+
+@pytest.fixture
+def remote_dir(s3_server, tmp_path):
+    """A dataset directory of 8 shards written locally and uploaded: (url, local path, columns)."""
+    endpoint = s3_server[0]
+    rng = np.random.default_rng(7)
+    n = 1000
+    cols = {"x": rng.standard_normal((n, 16)).astype(np.float32), "y": np.arange(n, dtype=np.int64)}
+    local = tmp_path / "ds"
+    fl.write_dataset(local, cols, rows_per_shard=125, fsync=False)
+    bucket = _bucket(endpoint)
+    _upload_dir(endpoint, bucket, "data/ds", local)
+    return f"s3://{bucket}/data/ds", str(local), cols
+
+
+@pytest.fixture
+def remote_blocks(s3_server, tmp_path):
+    """8 shards of 4096 rows: large enough that order="block" reads a window of 4 shards at a time
+    (smaller shards are grouped until a window holds 4096 samples). (url, local, bytes of a shard)."""
+    endpoint = s3_server[0]
+    n = 8 * 4096
+    cols = {"x": np.random.default_rng(8).standard_normal((n, 4)).astype(np.float32), "y": np.arange(n)}
+    local = tmp_path / "blocks"
+    fl.write_dataset(local, cols, rows_per_shard=4096, fsync=False)
+    bucket = _bucket(endpoint)
+    _upload_dir(endpoint, bucket, "blocks", local)
+    shard = os.path.getsize(local / "x" / "000000.npy") + os.path.getsize(local / "y" / "000000.npy")
+    return f"s3://{bucket}/blocks", str(local), shard
+
+
+def _opts(endpoint, **more):
+    return {"endpoint_url": endpoint, "backoff": 0.01, "max_backoff": 0.05, **more}
+
+
+def _batches(loader, epoch=None):
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    return [{k: v.clone() for k, v in b.items()} for b in loader]
+
+
+def _equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), k
+
+
+# ------------------------------------------------------------------------------------ urls and options
+def test_url_parsing_refuses_what_it_cannot_read():
+    from fastload._storage.urls import is_url, parse_url
+
+    assert is_url("s3://b/k") and is_url("https://h/x") and not is_url("/tmp/x") and not is_url("rel/path")
+    assert str(parse_url("s3://bucket/a/b")) == "s3://bucket/a/b"
+    assert parse_url("https://host:8080/a/b").child("c.npy").key == "a/b/c.npy"
+    with pytest.raises(ValueError, match="gs:// is not supported yet"):
+        parse_url("gs://bucket/x")
+    with pytest.raises(ValueError, match="unknown URL scheme 'ftp'"):
+        parse_url("ftp://h/x")
+    with pytest.raises(ValueError, match="user name or password"):
+        parse_url("https://user:hunter2@h/x")
+    with pytest.raises(ValueError, match="needs a bucket"):
+        parse_url("s3:///x")
+
+
+def test_cache_limit_sizes():
+    from fastload._storage.cache import parse_size
+
+    assert parse_size("50GB") == 50 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size(1234) == 1234
+    for bad in ("lots", "-5GB", 0, "0"):
+        with pytest.raises(ValueError, match="cache_limit"):
+            parse_size(bad)
+    with pytest.raises(TypeError, match="cache_limit"):
+        parse_size(True)
+
+
+def test_local_path_refuses_storage_arguments(tmp_path):
+    fl.write_dataset(tmp_path / "d", {"x": np.arange(10)}, fsync=False)
+    with pytest.raises(ValueError, match="are for URLs"):
+        fl.Dataset.open(tmp_path / "d", cache_limit="1GB")
+
+
+# ------------------------------------------------------------------------------------ dataset directories
+@pytest.mark.parametrize("client", ["boto3", "obstore"])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("order", ["random", "block"])
+def test_remote_dataset_batches_equal_local(remote_dir, s3_server, tmp_path, threads, order, client):
+    if not _has(client):
+        pytest.skip(f"{client} is not installed")
+    url, local, _ = remote_dir
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0], client=client), cache_dir=tmp_path / "cache")
+    here = fl.Dataset.open(local)
+    assert len(remote) == len(here) and remote.names == here.names and remote.shard_rows == here.shard_rows
+    for epoch in (0, 1):
+        kw = dict(batch_size=64, shuffle=True, seed=3, order=order, num_threads=threads, with_index=True)
+        _equal(_batches(fl.Loader(remote, **kw), epoch), _batches(fl.Loader(here, **kw), epoch))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_remote_dataset_ranks_equal_local(remote_dir, s3_server, tmp_path, world):
+    url, local, _ = remote_dir
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache")
+    here = fl.Dataset.open(local)
+    for rank in range(world):
+        kw = dict(batch_size=50, shuffle=True, seed=5, rank=rank, world_size=world, num_threads=2)
+        _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+
+
+def test_remote_dataset_resume_equals_local(remote_blocks, s3_server, tmp_path):
+    url, local, shard = remote_blocks
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache",
+                             cache_limit=6 * shard)
+    here = fl.Dataset.open(local)
+    kw = dict(batch_size=512, shuffle=True, seed=11, num_threads=2, order="block")
+    first = fl.Loader(remote, **kw)
+    it = iter(first)
+    for _ in range(21):
+        next(it)
+    state = first.state_dict()
+    del it
+    resumed = fl.Loader(remote, **kw)
+    resumed.load_state_dict(state)
+    reference = fl.Loader(here, **kw)
+    reference.load_state_dict(state)
+    _equal(_batches(resumed), _batches(reference))
+
+
+def test_epoch_two_sends_no_get_when_the_dataset_fits(remote_dir, s3_server, s3_proxy, tmp_path):
+    url, local, _ = remote_dir
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache")
+    loader = fl.Loader(ds, batch_size=100, shuffle=True, seed=1, num_threads=2)
+    _batches(loader, 0)
+    assert s3_proxy.total_gets() >= 16  # 8 shards x 2 columns, each once
+    assert max(c for p, c in s3_proxy.gets.items() if p.endswith(".npy")) == 1  # nothing fetched twice
+    s3_proxy.reset_counts()
+    _equal(_batches(loader, 1), _batches(fl.Loader(fl.Dataset.open(local), batch_size=100, shuffle=True, seed=1), 1))
+    assert s3_proxy.total_gets() == 0
+    s = ds.storage_stats()
+    assert s.bytes_fetched == sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(local) for f in fs
+                                  if f.endswith(".npy"))
+    assert s.cached_bytes == s.bytes_fetched and s.evictions == 0 and s.hits > 0
+    # A second open of the same dataset (another process, a later run) starts from the cache.
+    again = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache")
+    _batches(fl.Loader(again, batch_size=100, num_threads=1))
+    assert sum(c for p, c in s3_proxy.gets.items() if p.endswith(".npy")) == 0
+
+
+def test_small_cache_stays_bounded_and_batches_stay_exact(remote_blocks, s3_server, s3_proxy, tmp_path):
+    url, local, shard = remote_blocks
+    limit = 6 * shard
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache", cache_limit=limit)
+    kw = dict(batch_size=512, shuffle=True, seed=2, order="block", num_threads=2)
+    for epoch in (0, 1):
+        _equal(_batches(fl.Loader(ds, **kw), epoch), _batches(fl.Loader(fl.Dataset.open(local), **kw), epoch))
+        s = ds.storage_stats()
+        assert s.cached_bytes <= limit
+    assert s.evictions > 0
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ds.cache_dir) for f in fs
+                  if f.endswith(".npy"))
+    assert on_disk <= limit
+    # Block order reads a window of shards at a time: with room for 6 shards, each shard is
+    # fetched about once per epoch (Belady keeps what the plan reads next).
+    assert s.bytes_fetched <= 2 * 1.25 * 8 * shard
+
+
+def test_cache_smaller_than_one_step_is_an_error_naming_both(remote_blocks, s3_server, tmp_path):
+    url, _, shard = remote_blocks
+    with pytest.raises(ValueError, match=r"smaller than the largest shard .* \(\d+ bytes\)"):
+        fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "c1", cache_limit=shard // 2)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "c2",
+                         cache_limit=2 * shard)
+    with pytest.raises(ValueError, match=rf"cache_limit is {2 * shard} bytes, but one step reads \d+ bytes"):
+        fl.Loader(ds, batch_size=512, shuffle=True, seed=0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_missing_dataset_bucket_and_object_name_the_url(s3_server, tmp_path, remote_dir, client):
+    endpoint = s3_server[0]
+    bucket = _bucket(endpoint)
+    with pytest.raises(FileNotFoundError, match=rf"s3://{bucket}/nothing/manifest.json"):
+        fl.Dataset.open(f"s3://{bucket}/nothing", storage_options=_opts(endpoint, client=client), cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="s3://no-such-bucket-here/x/manifest.json"):
+        fl.Dataset.open("s3://no-such-bucket-here/x", storage_options=_opts(endpoint, client=client), cache_dir=tmp_path)
+    url, _, _ = remote_dir
+    b, _, prefix = url[5:].partition("/")
+    keys = [o["Key"] for o in _client(endpoint).list_objects_v2(Bucket=b, Prefix=prefix)["Contents"]]
+    victim = sorted(k for k in keys if k.endswith(".npy"))[3]
+    _client(endpoint).delete_object(Bucket=b, Key=victim)
+    with pytest.raises(FileNotFoundError, match=rf"s3://{b}/{victim}: no such object"):
+        fl.Dataset.open(url, storage_options=_opts(endpoint, client=client), cache_dir=tmp_path / "c")
+
+
+def test_access_denied_is_permission_error(s3_server, s3_proxy, remote_dir, tmp_path):
+    url, _, _ = remote_dir
+    for client in CLIENTS:
+        s3_proxy.arm("403", match="manifest.json", times=1)
+        with pytest.raises(PermissionError, match=r"manifest.json: access denied"):
+            fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, client=client), cache_dir=tmp_path)
+
+
+def test_pickle_carries_no_secret_and_reopens(remote_dir, s3_server, tmp_path):
+    url, local, _ = remote_dir
+    secret = "SECRETsecretSECRET0123456789"
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0], key="testing-key-id", secret=secret),
+                         cache_dir=tmp_path / "cache")
+    blob = pickle.dumps(ds)
+    assert secret.encode() not in blob and b"testing-key-id" not in blob
+    back = pickle.loads(blob)  # credentials from the environment's chain here
+    _equal(_batches(fl.Loader(back, batch_size=100)), _batches(fl.Loader(fl.Dataset.open(local), batch_size=100)))
+    loader = fl.Loader(ds, batch_size=100)
+    it = iter(loader)
+    next(it)
+    assert secret not in repr(loader.state_dict()) and secret not in repr(ds)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_secret_never_in_errors(s3_server, s3_proxy, remote_dir, tmp_path, client):
+    url, _, _ = remote_dir
+    secret = "SECRETsecretSECRET0123456789"
+    s3_proxy.arm("500", match="manifest.json", times=100)
+    with pytest.raises(OSError) as info:
+        fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, key="testing-key-id", secret=secret, max_attempts=2,
+                                                   client=client), cache_dir=tmp_path)
+    text = str(info.value) + repr(info.value) + str(info.value.__cause__) + str(info.value.__context__)
+    assert secret not in text and "manifest.json" in text
+    with pytest.raises(ValueError) as info2:
+        fl.Dataset.open(url, storage_options={"endpoint_url": s3_server[0], "secret_key_typo": secret})
+    assert secret not in str(info2.value) and "secret_key_typo" in str(info2.value)
+
+
+# ------------------------------------------------------------------------------------ token files
+@pytest.fixture
+def remote_tokens(s3_server, tmp_path):
+    endpoint = s3_server[0]
+    bucket = _bucket(endpoint)
+    rng = np.random.default_rng(3)
+    paths = []
+    for k, n in enumerate([5000, 3001, 7777, 64]):
+        p = tmp_path / f"tok{k}.bin"
+        rng.integers(0, 50000, n, dtype=np.uint16).tofile(p)
+        paths.append(str(p))
+        _client(endpoint).put_object(Bucket=bucket, Key=f"tokens/part-{k:03d}.bin", Body=p.read_bytes())
+    return f"s3://{bucket}/tokens/", paths
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_remote_windows_equal_local(remote_tokens, s3_server, tmp_path, threads):
+    prefix, paths = remote_tokens
+    remote = fl.Windows.from_files(prefix, dtype=np.uint16, length=129, stride=128,
+                                   storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache")
+    here = fl.Windows.from_files(paths, dtype=np.uint16, length=129, stride=128)
+    assert len(remote) == len(here) and remote.shard_rows == here.shard_rows
+    kw = dict(batch_size=16, shuffle=True, seed=4, num_threads=threads)
+    for epoch in (0, 1):
+        _equal(_batches(fl.Loader(remote, **kw), epoch), _batches(fl.Loader(here, **kw), epoch))
+    # A list of URLs is the same source; a pickle travels by URL.
+    urls = [f"{prefix}part-{k:03d}.bin" for k in range(4)]
+    listed = fl.Windows.from_files(urls, dtype=np.uint16, length=129, stride=128,
+                                   storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache")
+    back = pickle.loads(pickle.dumps(listed))
+    _equal(_batches(fl.Loader(back, **kw)), _batches(fl.Loader(here, **kw)))
+
+
+def test_remote_windows_bounded_cache(remote_tokens, s3_server, s3_proxy, tmp_path):
+    prefix, paths = remote_tokens
+    limit = 2 * 7777 * 2  # the two largest files: below the 31,684 bytes of all four
+    remote = fl.Windows.from_files(prefix, dtype=np.uint16, length=65, storage_options=_opts(s3_proxy.url),
+                                   cache_dir=tmp_path / "cache", cache_limit=limit)
+    here = fl.Windows.from_files(paths, dtype=np.uint16, length=65)
+    kw = dict(batch_size=1, shuffle=True, seed=9, num_threads=2)
+    for epoch in (0, 1, 2):
+        _equal(_batches(fl.Loader(remote, **kw), epoch), _batches(fl.Loader(here, **kw), epoch))
+        assert remote.storage_stats().cached_bytes <= limit
+    assert remote.storage_stats().evictions > 0
+
+
+# ------------------------------------------------------------------------------------ faults
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("kind", ["reset", "503", "truncate", "corrupt", "delay"])
+def test_faults_are_retried(remote_dir, s3_server, s3_proxy, tmp_path, kind, client):
+    url, local, _ = remote_dir
+    s3_proxy.arm(kind, match=".npy", times=3, delay=0.3)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, read_timeout=5, client=client),
+                         cache_dir=tmp_path / "cache")
+    kw = dict(batch_size=100, shuffle=True, seed=6, num_threads=2)
+    _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+    assert s3_proxy.faults[0].times == 0  # every injected fault was met and got past
+    assert ds.storage_stats().requests >= 16 + (3 if kind != "delay" else 0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_after_the_retry_budget_next_names_url_status_attempts(remote_dir, s3_server, s3_proxy, tmp_path, client):
+    url, _, _ = remote_dir
+    s3_proxy.arm("503", match="00002.npy", times=1000)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=3, client=client),
+                         cache_dir=tmp_path / "cache")
+    loader = fl.Loader(ds, batch_size=125, num_threads=1)
+    with pytest.raises(RuntimeError, match=r"GET s3://.*00002\.npy failed after 3 attempts; last: HTTP 503 SlowDown"):
+        _batches(loader)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_corrupt_body_is_fetched_again_then_reported(remote_dir, s3_server, s3_proxy, tmp_path, client):
+    url, _, _ = remote_dir
+    s3_proxy.arm("corrupt", match=".npy", times=1000)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=2, client=client),
+                         cache_dir=tmp_path / "cache")
+    # botocore checks the CRC the server sends; fastload's checksum is the second line (http below).
+    with pytest.raises(RuntimeError, match=r"failed after 2 attempts; last: (corrupt body|FlexibleChecksumError)"):
+        _batches(fl.Loader(ds, batch_size=125, num_threads=1))
+    assert not [f for d, _, fs in os.walk(ds.cache_dir) for f in fs if f.endswith(".npy")]  # nothing unverified
+
+
+def test_http_urls_read_a_dataset_and_verify_checksums(remote_dir, s3_server, s3_proxy, tmp_path):
+    url, local, _ = remote_dir
+    bucket, _, prefix = url[5:].partition("/")
+    c = _client(s3_server[0])
+    for o in c.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]:  # readable without credentials
+        c.put_object_acl(Bucket=bucket, Key=o["Key"], ACL="public-read")
+    http_url = f"{s3_proxy.url}/{url[5:]}"  # path-style: /bucket/key
+    ds = fl.Dataset.open(http_url, storage_options={"backoff": 0.01}, cache_dir=tmp_path / "cache")
+    kw = dict(batch_size=64, shuffle=True, seed=1, num_threads=2)
+    _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+    s3_proxy.arm("corrupt", match=".npy", times=1)  # one corrupt body: fetched again, batches exact
+    ds2 = fl.Dataset.open(http_url, storage_options={"backoff": 0.01}, cache_dir=tmp_path / "cache2")
+    _equal(_batches(fl.Loader(ds2, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+    assert s3_proxy.faults[0].times == 0
+    s3_proxy.arm("corrupt", match=".npy", times=1000)
+    ds3 = fl.Dataset.open(http_url, storage_options={"backoff": 0.01, "max_attempts": 2}, cache_dir=tmp_path / "c3")
+    with pytest.raises(RuntimeError, match=r"GET http://.*\.npy failed after 2 attempts; last: corrupt body .*checksum"):
+        _batches(fl.Loader(ds3, batch_size=125, num_threads=1))
+    with pytest.raises(ValueError, match="no listing"):
+        fl.Windows.from_files(f"{s3_proxy.url}/bucket/tokens/", dtype=np.uint16, length=8)
+
+
+# ------------------------------------------------------------------------------------ shared cache, crashes
+_CHILD = r"""
+import os, sys, time, signal
+import numpy as np
+sys.path.insert(0, {tests!r})
+from fastload._storage.cache import ObjectCache, Entry
+from fastload._storage.urls import parse_url
+cache = ObjectCache({root!r})
+e = Entry(parse_url("s3://b/k.npy"), "k.npy", 1 << 20)
+def slow_get(url, out, size, check):
+    out.write(b"x" * 1000)
+    out.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+cache.fetch(e, slow_get)
+"""
+
+
+def test_sigkilled_download_leaves_a_temp_file_the_next_run_removes(tmp_path):
+    from fastload._storage.cache import Entry, ObjectCache
+    from fastload._storage.urls import parse_url
+
+    root = str(tmp_path / "cache")
+    child = subprocess.Popen([sys.executable, "-c", _CHILD.format(root=root, tests=os.path.dirname(__file__))],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        partial = [f for f in os.listdir(root) if ".part-" in f]
+        assert len(partial) == 1
+        # While the writer lives, its lock is held: an open elsewhere leaves its file alone.
+        assert ObjectCache(root).removed_partials == 0
+        child.kill()
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        child.stdout.close()
+    assert [f for f in os.listdir(root) if ".part-" in f] == partial
+    cache = ObjectCache(root)  # the next run: the abandoned temp file goes, nothing else is needed
+    assert cache.removed_partials == 1 and not [f for f in os.listdir(root) if ".part-" in f]
+    e = Entry(parse_url("s3://b/k.npy"), "k.npy", 4)
+    st, n = cache.fetch(e, lambda url, out, size, check: out.write(b"abcd"))
+    assert n == 4 and (tmp_path / "cache" / "k.npy").read_bytes() == b"abcd"
+
+
+def test_processes_share_one_download_per_object(remote_dir, s3_server, s3_proxy, tmp_path):
+    url, local, _ = remote_dir
+    code = (f"import fastload as fl, numpy as np\n"
+            f"ds = fl.Dataset.open({url!r}, storage_options={{'endpoint_url': {s3_proxy.url!r}}}, "
+            f"cache_dir={str(tmp_path / 'cache')!r})\n"
+            f"n = sum(int(b['y'].sum()) for b in fl.Loader(ds, batch_size=100, shuffle=True, seed=0))\n"
+            f"print(n)\n")
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs == [str(sum(range(1000)))] * 3
+    counts = [c for p, c in s3_proxy.gets.items() if p.endswith(".npy")]
+    assert len(counts) == 16 and max(counts) == 1  # each shard file fetched once for the node
+
+
+def test_dropped_source_stops_its_threads_and_an_abandoned_epoch_stops_prefetch(remote_blocks, s3_server, s3_proxy,
+                                                                                tmp_path):
+    import gc
+    import threading
+    import time
+
+    url, _, shard = remote_blocks
+
+    def fetch_threads():
+        return [t for t in threading.enumerate() if t.name.startswith(("fastload-prefetch", "fastload-fetch"))]
+
+    gc.collect()
+    before = len(fetch_threads())
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache",
+                         cache_limit=6 * shard)
+    loader = fl.Loader(ds, batch_size=512, shuffle=True, seed=0, order="block", num_threads=1, prefetch=1)
+    it = iter(loader)
+    next(it)
+    assert len(fetch_threads()) > before
+    loader.close()  # the epoch is abandoned: the fetcher stops fetching for it
+    time.sleep(0.5)
+    settled = s3_proxy.total_gets()
+    time.sleep(1.0)
+    assert s3_proxy.total_gets() == settled
+    del it, loader, ds
+    for _ in range(50):
+        gc.collect()
+        if len(fetch_threads()) == before:
+            break
+        time.sleep(0.1)
+    assert len(fetch_threads()) == before
+
+
+def test_other_loader_modes_read_remote_sources_exactly(remote_dir, remote_tokens, s3_server, tmp_path):
+    """partition="shards", steps=, split() and fl.Mix over a remote and a local source give the
+    batches of the same data read locally (fetched on demand where the plan is not handed over)."""
+    url, local, _ = remote_dir
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache")
+    here = fl.Dataset.open(local)
+    for kw in (dict(batch_size=50, shuffle=True, seed=3, partition="shards", rank=1, world_size=2),
+               dict(batch_size=64, shuffle=True, seed=3, steps=40)):
+        _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+    parts = [fl.Loader(src, batch_size=32, shuffle=True, seed=1).split(["cpu", "cpu"]) for src in (remote, here)]
+    for a, b in zip(*parts):
+        _equal([{k: v.clone() for k, v in x.items()} for x in a], [{k: v.clone() for k, v in x.items()} for x in b])
+    prefix, paths = remote_tokens
+    tokens = fl.Windows.from_files(prefix, dtype=np.uint16, length=65, storage_options=_opts(s3_server[0]),
+                                   cache_dir=tmp_path / "cache")
+    local_tokens = fl.Windows.from_files(paths, dtype=np.uint16, length=65)
+    x = np.arange(4000, dtype=np.int64).reshape(1000, 4)
+    mixes = [fl.Mix({"tokens": t, "rows": fl.Dataset({"tokens": x[:, :1].repeat(65, 1).astype(np.uint16)})},
+                    weights={"tokens": 3, "rows": 1}) for t in (tokens, local_tokens)]
+    kw = dict(batch_size=16, shuffle=True, seed=2, steps=30)
+    _equal(_batches(fl.Loader(mixes[0], **kw)), _batches(fl.Loader(mixes[1], **kw)))
+
+
+def test_elastic_resume_and_prefetch_into_the_next_epoch(remote_blocks, s3_server, s3_proxy, tmp_path):
+    """A state saved at world size 2 resumes at 1 with the same global batch (the next steps'
+    shards fetched first), batches equal to the local resume; and the first shards of the next
+    epoch are fetched before it starts."""
+    import time
+
+    url, local, shard = remote_blocks
+    opts = _opts(s3_proxy.url)
+    remote = fl.Dataset.open(url, storage_options=opts, cache_dir=tmp_path / "cache", cache_limit=8 * shard)
+    here = fl.Dataset.open(local)
+    kw = dict(shuffle=True, seed=4, num_threads=2, order="block")
+    first = fl.Loader(remote, batch_size=256, rank=0, world_size=2, **kw)
+    it = iter(first)
+    for _ in range(10):
+        next(it)
+    state = first.state_dict()
+    del it
+    resumed, reference = fl.Loader(remote, batch_size=512, **kw), fl.Loader(here, batch_size=512, **kw)
+    resumed.load_state_dict(state)
+    reference.load_state_dict(state)
+    _equal(_batches(resumed), _batches(reference))
+    # After the epoch, the shard the next epoch reads first comes in without a batch asking for it.
+    small = fl.Dataset.open(url, storage_options=opts, cache_dir=tmp_path / "cache2", cache_limit=6 * shard)
+    full = fl.Loader(small, batch_size=512, **kw)
+    full.set_epoch(3)
+    it = iter(full)
+    # What the fetcher follows: the rest of epoch 3, then epoch 4's order (white-box, but the
+    # behaviour below can pass by luck when the shard was cached anyway).
+    assert len(small._fetcher._seq) == len(full.plan(3)) + len(full.plan(4))
+    for _ in it:
+        pass
+    first4 = int(np.searchsorted(np.cumsum(small.shard_rows), full.plan(4)[0], side="right"))
+    path = os.path.join(small.cache_dir, "x", f"{first4:06d}.npy")
+    for _ in range(100):
+        if os.path.exists(path):
+            break
+        time.sleep(0.05)
+    assert os.path.exists(path)
+
+
+# ------------------------------------------------------------------------------------ eviction order
+class _MemoryClient:
+    """A store in a dict (for the fetcher's own logic; everything else runs against moto)."""
+
+    concurrency = 4
+
+    def __init__(self, objects):
+        self.objects, self.requests = objects, 0
+
+    def get(self, url, out, expected=None, check=None):
+        self.requests += 1
+        out.write(self.objects[url.key])
+        return len(self.objects[url.key])
+
+
+def _fetcher(tmp_path, n, size, limit):
+    from fastload._storage.cache import Entry, ObjectCache
+    from fastload._storage.fetcher import Fetcher
+    from fastload._storage.urls import Url
+
+    client = _MemoryClient({f"k{i}": bytes([i]) * size for i in range(n)})
+    entries = [Entry(Url("s3", "b", f"k{i}"), f"f{i}", size) for i in range(n)]
+    return Fetcher(client, ObjectCache(str(tmp_path / "c")), entries, [[i] for i in range(n)], limit), client
+
+
+def _cached(f):
+    return sorted(int(name[1:]) for name in os.listdir(f.cache.root) if name.startswith("f") and "." not in name)
+
+
+def test_eviction_drops_the_shard_needed_furthest_ahead(tmp_path):
+    """Belady's rule against a brute-force reading of the plan: with room for 3 of 5 shards, each
+    eviction removes the cached shard whose next use is furthest away (never used again first)."""
+    f, client = _fetcher(tmp_path, 5, 100, 300)
+    seq = np.array([0, 1, 2, 3, 0, 1, 4, 0, 3, 1, 2, 4, 0])
+    pos = [0]
+    f.start_epoch(seq, lambda: pos[0], prefetch=False)
+    for p, shard in enumerate(seq.tolist()):
+        pos[0] = p
+        cached = _cached(f)
+        if shard not in cached and len(cached) == 3:
+            def next_use(k):
+                later = [q for q in range(p, len(seq)) if seq[q] == k]
+                return later[0] if later else len(seq) + 1
+            expect = max(cached, key=next_use)
+            f.provide(shard)
+            assert expect not in _cached(f) and shard in _cached(f), (p, cached, expect)
+        else:
+            f.provide(shard)
+        assert len(_cached(f)) <= 3
+    assert client.requests == f.stats().misses  # one GET per miss, none for a hit
+
+
+def test_without_a_plan_eviction_is_least_recently_used(tmp_path):
+    f, _ = _fetcher(tmp_path, 4, 100, 200)
+    f.provide(0)
+    f.provide(1)
+    f.provide(0)
+    f.provide(2)  # 1 is the least recently used
+    assert _cached(f) == [0, 2]
+
+
+def test_loader_killed_mid_download_then_a_new_run_starts_cleanly(remote_dir, s3_server, s3_proxy, tmp_path):
+    import signal
+    import time
+
+    url, local, _ = remote_dir
+    cache = tmp_path / "cache"
+    s3_proxy.arm("delay", match="x/000003.npy", times=1, delay=10.0)  # this download hangs
+    code = (f"import fastload as fl\n"
+            f"ds = fl.Dataset.open({url!r}, storage_options={{'endpoint_url': {s3_proxy.url!r}, 'client': 'boto3'}}, "
+            f"cache_dir={str(cache)!r})\n"
+            f"for b in fl.Loader(ds, batch_size=100, num_threads=2):\n    pass\n")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        partial = []
+        for _ in range(600):
+            partial = [os.path.join(d, n) for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]
+            if any("000003.npy.part-" in p for p in partial):
+                break
+            time.sleep(0.05)
+        assert any("000003.npy.part-" in p for p in partial)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+    assert [os.path.join(d, n) for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]  # left behind
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=cache)  # no cleanup by hand
+    assert not [n for d, _, ns in os.walk(cache) for n in ns if ".part-" in n]
+    kw = dict(batch_size=100, shuffle=True, seed=8, num_threads=2)
+    _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+
+
+def test_token_file_rewritten_in_place_is_not_read_from_the_old_cache(s3_server, tmp_path):
+    endpoint = s3_server[0]
+    bucket = _bucket(endpoint)
+    old, new = np.arange(4096, dtype=np.uint16), np.arange(4096, dtype=np.uint16)[::-1].copy()
+    _client(endpoint).put_object(Bucket=bucket, Key="t/a.bin", Body=old.tobytes())
+    for client in CLIENTS:
+        _client(endpoint).put_object(Bucket=bucket, Key="t/a.bin", Body=old.tobytes())
+        for data in (old, new):  # same size, new bytes
+            _client(endpoint).put_object(Bucket=bucket, Key="t/a.bin", Body=data.tobytes())
+            for paths in (f"s3://{bucket}/t/", [f"s3://{bucket}/t/a.bin"]):
+                w = fl.Windows.from_files(paths, dtype=np.uint16, length=64, cache_dir=tmp_path / "cache",
+                                          storage_options=_opts(endpoint, client=client))
+                got = np.concatenate([b["tokens"].numpy().reshape(-1) for b in fl.Loader(w, batch_size=8)])
+                assert np.array_equal(got, data)
+
+
+def test_remote_shard_and_verify(remote_dir, s3_server, tmp_path):
+    url, local, cols = remote_dir
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "cache", verify=True)
+    assert np.array_equal(ds.shard(3)["x"], cols["x"][375:500]) and np.array_equal(ds.shard(-1)["y"], cols["y"][875:])
+    victim = os.path.join(ds.cache_dir, "y", "000002.npy")
+    with open(victim, "r+b") as f:  # a cached file damaged on disk (same size)
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(fl.DatasetError, match=r"y/000002\.npy: checksum .*cached copy .* is corrupt"):
+        ds.verify()
+
+
+def test_requests_in_flight_are_bounded(remote_blocks, s3_server, s3_proxy, tmp_path):
+    """At most max_concurrency prefetches, plus one demand fetch per collation thread."""
+    url, local, shard = remote_blocks
+    s3_proxy.arm("delay", match=".npy", times=1000, delay=0.05)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_concurrency=2), cache_dir=tmp_path / "cache")
+    kw = dict(batch_size=512, shuffle=True, seed=1, num_threads=2)
+    _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
+    assert 1 <= s3_proxy.peak_in_flight <= 2 + 2
