@@ -963,20 +963,26 @@ bool gathers_exactly(const std::vector<uint8_t>& src, int64_t rows, int64_t pitc
 }  // namespace
 
 TEST_CASE(gather_rows_every_size_and_overlapping_windows) {
+  // Every size the copy specialises (128 B to 2 KiB: AVX2 moves where the CPU has them, and the
+  // baseline copy) and sizes between them.
   std::mt19937_64 rng(7);
-  for (int64_t row_bytes : {1, 2, 3, 4, 8, 16, 24, 32, 64, 100, 128, 256, 300}) {
-    for (int64_t pitch : {row_bytes, row_bytes + 5, std::max<int64_t>(1, row_bytes / 2)}) {
-      const int64_t rows = 97;
-      std::vector<uint8_t> src(static_cast<size_t>((rows - 1) * pitch + row_bytes));
-      for (auto& x : src) x = static_cast<uint8_t>(rng());
-      std::vector<int64_t> ids(300);
-      for (auto& id : ids) id = static_cast<int64_t>(rng() % rows);
-      ids[0] = rows - 1;  // the last row ends at the end of the source
-      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{300}})
-        CHECK_MSG(gathers_exactly(src, rows, pitch, row_bytes, ids.data(), count),
-                  "row_bytes=" << row_bytes << " pitch=" << pitch << " count=" << count);
+  for (bool wide : {true, false}) {
+    set_wide_row_copies(wide);
+    for (int64_t row_bytes : {1, 2, 3, 4, 8, 16, 24, 32, 64, 100, 128, 256, 300, 512, 1000, 1024, 2048, 2050}) {
+      for (int64_t pitch : {row_bytes, row_bytes + 5, std::max<int64_t>(1, row_bytes / 2)}) {
+        const int64_t rows = 97;
+        std::vector<uint8_t> src(static_cast<size_t>((rows - 1) * pitch + row_bytes));
+        for (auto& x : src) x = static_cast<uint8_t>(rng());
+        std::vector<int64_t> ids(300);
+        for (auto& id : ids) id = static_cast<int64_t>(rng() % rows);
+        ids[0] = rows - 1;  // the last row ends at the end of the source
+        for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{300}})
+          CHECK_MSG(gathers_exactly(src, rows, pitch, row_bytes, ids.data(), count),
+                    "wide=" << wide << " row_bytes=" << row_bytes << " pitch=" << pitch << " count=" << count);
+      }
     }
   }
+  set_wide_row_copies(true);
 }
 
 TEST_CASE(gather_rows_large_rows_with_and_without_streaming_stores) {
@@ -1138,6 +1144,35 @@ TEST_CASE(buffer_pool_recycles_grows_and_outlives) {
     CHECK(y != nullptr && pool->counts().allocations == 1);
     y->hand_to_user();
   }
+  // acquire(filler) hands a thread a buffer it filled itself when one is among the last few
+  // returned (its lines may still be in that core's cache), else the last one returned; the
+  // spares it passes over keep their order.
+  {
+    auto pool = BufferPool::create(64, 8, alloc);
+    auto a = pool->acquire(0), b = pool->acquire(1), c = pool->acquire(0), d = pool->acquire(1);
+    std::byte* const pa = a->data();
+    std::byte* const pb = b->data();
+    std::byte* const pc = c->data();
+    std::byte* const pd = d->data();
+    a.reset();  // returned in the order a, b, c, d: d is the last
+    b.reset();
+    c.reset();
+    d.reset();
+    auto x = pool->acquire(0);  // thread 0's newest: c (not d, thread 1's)
+    CHECK(x->data() == pc);
+    auto y = pool->acquire(1);  // thread 1's newest: d
+    CHECK(y->data() == pd);
+    auto z = pool->acquire(2);  // thread 2 filled none: the last returned, b
+    CHECK(z->data() == pb);
+    auto w = pool->acquire();  // no filler named: the last returned, a
+    CHECK(w->data() == pa);
+    CHECK(pool->counts().allocations == 4 && pool->counts().free == 0);
+    x.reset();
+    w.reset();  // a comes back filled by nobody named: thread 0 now gets x's buffer (c) first
+    auto v = pool->acquire(0);
+    CHECK(v->data() == pc);
+  }
+  CHECK(alloc->allocated() == alloc->freed());
   // Concurrent acquire / write / release: each thread holds one buffer at a time, so the pool
   // never needs more buffers than threads, and frees none.
   {
