@@ -47,7 +47,7 @@ CEILING_AHEAD = 16
 CEILING_LINES = 4
 # Batch buffers per ceiling thread, written in rotation. One stays in the core's L2 (a loader
 # that hands batches out cannot do that); bench/bench_hotpath.py also measures the ceiling of
-# issue 22 (whole rows 8 ahead, 4 buffers) beside this one.
+# issue 22 (16 lines of a row 8 rows ahead, 4 buffers) beside this one.
 CEILING_BUFFERS = 1
 
 # The bar fastload is held to: >= 0.7x the ceiling everywhere, and >= 20x the DataLoader
