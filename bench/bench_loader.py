@@ -45,6 +45,10 @@ TICK = os.sysconf("SC_CLK_TCK")
 # nothing is tuned per row size; see RESULTS.md for the settings tried.
 CEILING_AHEAD = 16
 CEILING_LINES = 4
+# Batch buffers per ceiling thread, written in rotation. One stays in the core's L2 (a loader
+# that hands batches out cannot do that); bench/bench_hotpath.py also measures the ceiling of
+# issue 22 (16 lines of a row 8 rows ahead, 4 buffers) beside this one.
+CEILING_BUFFERS = 1
 
 # The bar fastload is held to: >= 0.7x the ceiling everywhere, and >= 20x the DataLoader
 # (>= 10x on 150 KiB rows, where the DataLoader's per-sample Python cost is small next to the copy).
@@ -378,35 +382,43 @@ def run_dataloader(w: Workload, mm: np.ndarray, warmup: float, seconds: float) -
 _ceiling_lib = None
 
 
-def ceiling_lib() -> ctypes.CDLL:
-    """Compiles bench/ceiling.cpp once per run into a temporary directory (-O3, no -march:
-    the ceiling a portable build reaches)."""
+def compile_ceiling(out_dir: Path) -> Path:
+    """Compiles bench/ceiling.cpp into out_dir (-O3, no -march: the ceiling a portable build
+    reaches); returns the library's path."""
+    out = out_dir / "libceiling.so"
+    cmd = ["g++", "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", str(HERE / "ceiling.cpp"), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling the ceiling failed: {proc.stderr.strip()[:300]}")
+    return out
+
+
+def ceiling_lib(prebuilt: Path | None = None) -> ctypes.CDLL:
+    """The ceiling's library: compiled once per run into a temporary directory, or `prebuilt`
+    (a library compile_ceiling made) on the first call."""
     global _ceiling_lib
     if _ceiling_lib is None:
-        out = Path(tempfile.mkdtemp(prefix="fastload_ceiling_")) / "libceiling.so"
-        cmd = ["g++", "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", str(HERE / "ceiling.cpp"), "-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"compiling the ceiling failed: {proc.stderr.strip()[:300]}")
+        out = prebuilt or compile_ceiling(Path(tempfile.mkdtemp(prefix="fastload_ceiling_")))
         lib = ctypes.CDLL(str(out))
         lib.ceiling_gather.restype = ctypes.c_int64
         lib.ceiling_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_int64, ctypes.c_int32, ctypes.c_double, ctypes.c_int64,
-                                       ctypes.c_int64]
+                                       ctypes.c_int64, ctypes.c_int64]
         _ceiling_lib = lib
     return _ceiling_lib
 
 
 def run_ceiling(w: Workload, mm: np.ndarray, warmup: float, seconds: float,
-                ahead: int = CEILING_AHEAD, lines: int = CEILING_LINES, threads: int | None = None) -> Measurement:
+                ahead: int = CEILING_AHEAD, lines: int = CEILING_LINES, threads: int | None = None,
+                buffers: int = CEILING_BUFFERS) -> Measurement:
     lib = ceiling_lib()
     address = mm.__array_interface__["data"][0]
     pitch = w.window[1] * mm.dtype.itemsize if w.window else mm.strides[0]
     args = (address, w.num_samples(), pitch, w.row_bytes, w.batch, threads or CORES)
-    if lib.ceiling_gather(*args, warmup, ahead, lines) < 0:
+    if lib.ceiling_gather(*args, warmup, ahead, lines, buffers) < 0:
         raise RuntimeError("ceiling_gather rejected its arguments")
     meter = CpuMeter()
-    rows = lib.ceiling_gather(*args, seconds, ahead, lines)  # ctypes releases the GIL for the call
+    rows = lib.ceiling_gather(*args, seconds, ahead, lines, buffers)  # ctypes releases the GIL for the call
     return measurement(meter.stop(), rows, rows // w.batch)
 
 

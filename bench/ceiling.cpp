@@ -5,9 +5,11 @@
 // is what a portable build gets) and called through ctypes, which releases the GIL for the call.
 //
 // Each thread repeatedly draws one batch of random row ids (xorshift, no division), then copies
-// those rows into its own batch buffer, prefetching rows a few ids ahead. Rows are drawn with
-// replacement (not a permutation): the ceiling pays for nothing but ids and the copy. Buffers
-// live across calls, so the caller's warm-up call faults them in and a timed call faults nothing.
+// those rows into the next of its own batch buffers (`buffers` of them, in rotation: 1 keeps the
+// destination in the core's cache, which no loader that hands batches out can do), prefetching
+// rows a few ids ahead. Rows are drawn with replacement (not a permutation): the ceiling pays for
+// nothing but ids and the copy. Buffers live across calls, so the caller's warm-up call faults
+// them in and a timed call faults nothing.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -41,13 +43,14 @@ struct Params {
   int64_t rows, pitch, row_bytes, batch;
   int64_t ahead;           // rows prefetched ahead of the copy
   int64_t prefetch_lines;  // most cache lines started per row (the hardware follows the rest)
+  int64_t buffers;         // batch buffers per thread, written in rotation
   std::chrono::steady_clock::time_point deadline;
 };
 
-// One thread's reused memory: the batch buffer and the batch's row offsets.
+// One thread's reused memory: its batch buffers and the batch's row offsets.
 struct Scratch {
-  char* buf = nullptr;
-  size_t bytes = 0;
+  std::vector<char*> bufs;
+  size_t bytes = 0;  // of each buffer
   std::vector<int64_t> offsets;
 };
 std::vector<Scratch> g_scratch;  // one per thread slot; calls must not overlap (ctypes: one caller)
@@ -75,15 +78,18 @@ void copy_batch(const Params& p, const int64_t* offsets, char* dst) {
 int64_t worker(const Params& p, int slot, uint64_t* checksum_out) {
   Scratch& s = g_scratch[static_cast<size_t>(slot)];
   const size_t buf_bytes = static_cast<size_t>(p.batch * p.row_bytes);
-  if (s.bytes < buf_bytes) {
-    std::free(s.buf);
-    s.buf = static_cast<char*>(std::aligned_alloc(4096, (buf_bytes + 4095) / 4096 * 4096));
-    if (!s.buf) {
-      s.bytes = 0;
-      return -1;
-    }
+  if (s.bytes < buf_bytes || s.bufs.size() != static_cast<size_t>(p.buffers)) {
+    for (char* b : s.bufs) std::free(b);
+    s.bufs.assign(static_cast<size_t>(p.buffers), nullptr);
     s.bytes = buf_bytes;
-    std::memset(s.buf, 0, buf_bytes);  // fault the buffer in now, not while copying
+    for (char*& b : s.bufs) {
+      b = static_cast<char*>(std::aligned_alloc(4096, (buf_bytes + 4095) / 4096 * 4096));
+      if (!b) {
+        s.bytes = 0;
+        return -1;
+      }
+      std::memset(b, 0, buf_bytes);  // fault the buffer in now, not while copying
+    }
   }
   s.offsets.resize(static_cast<size_t>(p.batch));
   // Each call draws new ids: seeded from the clock so repeated calls do not replay one sequence.
@@ -92,16 +98,19 @@ int64_t worker(const Params& p, int slot, uint64_t* checksum_out) {
   int64_t* offsets = s.offsets.data();
   uint64_t checksum = 0;
   int64_t copied = 0;
+  size_t next_buf = 0;
   for (;;) {
+    char* buf = s.bufs[next_buf];
+    next_buf = (next_buf + 1) % s.bufs.size();
     // The batch's ids, as byte offsets, drawn before the copy (as a loader's sampler would).
     for (int64_t i = 0; i < p.batch; ++i)
       offsets[i] = static_cast<int64_t>(below(rng.next(), static_cast<uint64_t>(p.rows))) * p.pitch;
     switch (p.row_bytes) {
-      case 64: copy_batch<64>(p, offsets, s.buf); break;
-      case 1024: copy_batch<1024>(p, offsets, s.buf); break;
-      default: copy_batch<0>(p, offsets, s.buf); break;
+      case 64: copy_batch<64>(p, offsets, buf); break;
+      case 1024: copy_batch<1024>(p, offsets, buf); break;
+      default: copy_batch<0>(p, offsets, buf); break;
     }
-    checksum += static_cast<unsigned char>(s.buf[buf_bytes - 1]);  // keeps the copies observable
+    checksum += static_cast<unsigned char>(buf[buf_bytes - 1]);  // keeps the copies observable
     copied += p.batch;
     if (std::chrono::steady_clock::now() >= p.deadline) break;  // whole batches only
   }
@@ -113,16 +122,17 @@ int64_t worker(const Params& p, int slot, uint64_t* checksum_out) {
 
 extern "C" {
 
-// Copies random rows for `seconds` on `threads` threads; returns the rows copied (whole batches),
-// or -1 on bad arguments or a failed allocation. Row i is row_bytes bytes at base + i * pitch.
+// Copies random rows for `seconds` on `threads` threads, each into `buffers` batch buffers in
+// rotation; returns the rows copied (whole batches), or -1 on bad arguments or a failed
+// allocation. Row i is row_bytes bytes at base + i * pitch.
 // Not reentrant: one call at a time (its per-thread buffers are kept for the next call).
 int64_t ceiling_gather(const void* base, int64_t rows, int64_t pitch, int64_t row_bytes,
                        int64_t batch, int32_t threads, double seconds, int64_t ahead,
-                       int64_t prefetch_lines) {
+                       int64_t prefetch_lines, int64_t buffers) {
   if (!base || rows <= 0 || pitch <= 0 || row_bytes <= 0 || batch <= 0 || threads <= 0 ||
-      ahead < 0 || prefetch_lines < 0)
+      ahead < 0 || prefetch_lines < 0 || buffers <= 0)
     return -1;
-  Params p{static_cast<const char*>(base), rows, pitch, row_bytes, batch, ahead, prefetch_lines,
+  Params p{static_cast<const char*>(base), rows, pitch, row_bytes, batch, ahead, prefetch_lines, buffers,
            std::chrono::steady_clock::now() +
                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                    std::chrono::duration<double>(seconds))};

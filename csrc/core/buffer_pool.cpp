@@ -1,6 +1,7 @@
 // Buffer recycling; see buffer_pool.h.
 #include "core/buffer_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 
@@ -9,6 +10,10 @@
 namespace fastload {
 
 namespace {
+// acquire(filler) looks this far back among the spares for one its thread filled: the most
+// recently returned ones, which are the likeliest to be cached at all.
+constexpr size_t kAffinityScan = 8;
+
 class AlignedAllocator final : public HostAllocator {
  public:
   void* allocate(size_t bytes) override {
@@ -47,16 +52,23 @@ BufferPool::BufferPool(size_t buffer_bytes, int64_t keep, std::shared_ptr<HostAl
 BufferPool::~BufferPool() {
   // In a forked child, freeing page-locked memory would be a driver call the child cannot make.
   if (fork_generation() != fork_generation_) return;
-  for (std::byte* p : free_) allocator_->deallocate(p, buffer_bytes_);
+  for (const Spare& s : free_) allocator_->deallocate(s.data, buffer_bytes_);
 }
 
-std::shared_ptr<HostBuffer> BufferPool::acquire() {
+std::shared_ptr<HostBuffer> BufferPool::acquire(int filler) {
   std::byte* data = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!free_.empty()) {
-      data = free_.back();
-      free_.pop_back();
+      size_t pick = free_.size() - 1;
+      if (filler >= 0)
+        for (size_t k = 0; k < std::min(kAffinityScan, free_.size()); ++k)
+          if (free_[free_.size() - 1 - k].filler == filler) {
+            pick = free_.size() - 1 - k;
+            break;
+          }
+      data = free_[pick].data;
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(pick));  // the rest keep their order
       --counts_.free;
       ++counts_.with_loader;
     }
@@ -64,7 +76,7 @@ std::shared_ptr<HostBuffer> BufferPool::acquire() {
   if (!data) data = allocate_new(false);
   // The deleter holds the pool alive: a batch may outlive the loader that made it.
   auto self = shared_from_this();
-  return std::shared_ptr<HostBuffer>(new HostBuffer(this, data, buffer_bytes_),
+  return std::shared_ptr<HostBuffer>(new HostBuffer(this, data, buffer_bytes_, filler),
                                      [self](HostBuffer* b) {
                                        self->give_back(b);
                                        delete b;
@@ -73,7 +85,7 @@ std::shared_ptr<HostBuffer> BufferPool::acquire() {
 
 void BufferPool::trim_locked(std::vector<std::byte*>* excess) {
   while (!free_.empty() && counts_.free + counts_.with_loader > keep_) {
-    excess->push_back(free_.back());
+    excess->push_back(free_.back().data);
     free_.pop_back();
     --counts_.free;
     ++counts_.frees;
@@ -110,7 +122,7 @@ std::byte* BufferPool::allocate_new(bool spare) {
   }
   ++counts_.allocations;
   if (spare) {
-    free_.push_back(data);
+    free_.push_back({data, -1});
     ++counts_.free;
   } else {
     ++counts_.with_loader;
@@ -133,7 +145,7 @@ void BufferPool::give_back(HostBuffer* b) noexcept {
   if (fork_generation() != fork_generation_) return;
   std::lock_guard<std::mutex> lock(mutex_);
   --(b->with_user_ ? counts_.with_user : counts_.with_loader);
-  free_.push_back(b->data());  // never reallocates: acquire() reserved room for every live buffer
+  free_.push_back({b->data(), b->filler_});  // never reallocates: acquire() reserved room for every live buffer
   ++counts_.free;
 }
 

@@ -33,10 +33,12 @@ class HostBuffer {
 
  private:
   friend class BufferPool;
-  HostBuffer(BufferPool* pool, std::byte* data, size_t bytes) : pool_(pool), data_(data), bytes_(bytes) {}
+  HostBuffer(BufferPool* pool, std::byte* data, size_t bytes, int filler)
+      : pool_(pool), data_(data), bytes_(bytes), filler_(filler) {}
   BufferPool* pool_;
   std::byte* data_;
   size_t bytes_;
+  int filler_;              // the thread that acquired it to fill it (-1: none named)
   bool with_user_ = false;  // guarded by the pool's mutex
 };
 
@@ -66,7 +68,11 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   ~BufferPool();  // frees the spares; in a forked child it leaks them (see fork_guard.h)
 
   // A buffer for the loader; reused when one is free, else freshly allocated. Never waits.
-  std::shared_ptr<HostBuffer> acquire();
+  // `filler` names the collation thread that will write it: of the last few buffers returned, it
+  // gets one that thread wrote before, whose lines are likelier still in that core's own cache
+  // (a store to a line another core holds, or only the L3, first has to fetch the line; with
+  // 1 KiB rows that doubled the copy's cost, bench/RESULTS.md). -1: the last one returned.
+  std::shared_ptr<HostBuffer> acquire(int filler = -1);
   // Sets `keep` and frees spares beyond it. Called when an epoch starts: mid-epoch the pool
   // keeps every returned buffer, so a user who holds batches for a while and drops them together
   // costs allocations once per epoch, not once per batch.
@@ -94,7 +100,12 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::shared_ptr<HostAllocator> allocator_;
   mutable std::mutex mutex_;
   int64_t keep_;  // guarded by mutex_
-  std::vector<std::byte*> free_;
+  // Spares, the last returned at the back, each with the thread that last filled it.
+  struct Spare {
+    std::byte* data;
+    int filler;
+  };
+  std::vector<Spare> free_;
   BufferPoolCounts counts_;
 };
 

@@ -1,4 +1,4 @@
-// Reads the last-level cache size once; see cpu_cache.h.
+// Reads the last-level cache size and the AVX2 flag once; see cpu_cache.h.
 #include "core/cpu_cache.h"
 
 #include <cctype>
@@ -40,6 +40,18 @@ int64_t read_sysfs_largest_cache() {
   return largest;
 }
 }  // namespace
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
 
 int64_t last_level_cache_bytes() {
   static const int64_t bytes = [] {

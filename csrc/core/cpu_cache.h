@@ -1,4 +1,4 @@
-// The size of the CPU's last-level cache, which decides when a batch copy should write around
+// What the copy loops need to know of the CPU. The size of its last-level cache, which decides when a batch copy should write around
 // the cache (see gather.cpp): a destination that fits stays cached for the next batch into the
 // same recycled buffer and for the training step that reads it; one that does not only evicts.
 #pragma once
@@ -12,6 +12,12 @@ namespace fastload {
 int64_t last_level_cache_bytes();
 
 constexpr int64_t kDefaultLastLevelCacheBytes = int64_t{32} << 20;
+
+// Whether the CPU runs AVX2 (x86-64; false elsewhere), read once. The build targets the
+// baseline ISA, so code that uses AVX2 is compiled for it apart and chosen by this check: an
+// explicit check rather than target_clones, whose ifunc resolver runs before sanitizer runtimes
+// start and crashes instrumented builds.
+bool cpu_has_avx2();
 
 // Parses a sysfs cache size ("32768K", "1M", "512"); 0 if unreadable. Exposed for tests.
 int64_t parse_cache_size(const char* text);

@@ -15,7 +15,7 @@
 #include <limits>
 #include <stdexcept>
 #if defined(__x86_64__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 namespace fastload {
@@ -51,6 +51,42 @@ void gather_fixed(RowAt row, int64_t count, std::byte* dst) {
     if (i + kPrefetchAhead < count) prefetch_row(row(i + kPrefetchAhead), kBytes);
     std::memcpy(dst + i * kBytes, row(i), kBytes);
   }
+}
+
+std::atomic<bool> g_wide_copies{true};  // set_wide_row_copies (tests)
+
+#if defined(__x86_64__)
+// Rows of 128 B to 2 KiB with 32-byte moves. A portable build expands memcpy of these constant
+// sizes into `rep movsq`, whose cost on a Xeon of 2026 (2 collation threads, 1 KiB rows, CPU
+// time per row, bench/RESULTS.md) matched these moves when the batch buffer was in the core's
+// L2 but was 12% higher when it was not (a recycled buffer the loader wrote a window ago: the
+// usual case), and moved by 2x with where the linker put the loop in one test build; SSE2's
+// 16-byte moves cost 30% more than either.
+template <int64_t kBytes, typename RowAt>
+__attribute__((target("avx2"))) void gather_fixed_avx2(RowAt row, int64_t count, std::byte* dst) {
+  static_assert(kBytes % 64 == 0, "whole cache lines");
+  for (int64_t i = 0; i < count && i < kPrefetchAhead; ++i) prefetch_row(row(i), kBytes);
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchAhead < count) prefetch_row(row(i + kPrefetchAhead), kBytes);
+    const std::byte* src = row(i);
+    std::byte* out = dst + i * kBytes;
+    for (int64_t k = 0; k < kBytes; k += 64) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k + 32));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), a);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k + 32), b);
+    }
+  }
+}
+#endif
+
+template <int64_t kBytes, typename RowAt>
+void gather_wide(RowAt row, int64_t count, std::byte* dst) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2() && g_wide_copies.load(std::memory_order_relaxed))
+    return gather_fixed_avx2<kBytes>(row, count, dst);
+#endif
+  gather_fixed<kBytes>(row, count, dst);
 }
 
 #if defined(__x86_64__)
@@ -110,11 +146,11 @@ void gather_with(RowAt row, int64_t bytes, int64_t count, std::byte* dst, bool s
     case 16: return gather_fixed<16>(row, count, dst);
     case 32: return gather_fixed<32>(row, count, dst);
     case 64: return gather_fixed<64>(row, count, dst);
-    case 128: return gather_fixed<128>(row, count, dst);
-    case 256: return gather_fixed<256>(row, count, dst);
-    case 512: return gather_fixed<512>(row, count, dst);
-    case 1024: return gather_fixed<1024>(row, count, dst);
-    case 2048: return gather_fixed<2048>(row, count, dst);
+    case 128: return gather_wide<128>(row, count, dst);
+    case 256: return gather_wide<256>(row, count, dst);
+    case 512: return gather_wide<512>(row, count, dst);
+    case 1024: return gather_wide<1024>(row, count, dst);
+    case 2048: return gather_wide<2048>(row, count, dst);
     default:
 #if defined(__x86_64__)
       if (streaming && bytes >= kStreamingRowBytes) return gather_streaming(row, bytes, count, dst);
@@ -440,6 +476,8 @@ int64_t streaming_min_part_bytes() {
 void set_streaming_min_part_bytes(int64_t bytes) {
   g_streaming_min_part.store(bytes < 0 ? -1 : bytes, std::memory_order_relaxed);
 }
+
+void set_wide_row_copies(bool allowed) { g_wide_copies.store(allowed, std::memory_order_relaxed); }
 
 void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst) {
   // Decided on the whole part, not per block: a sharded column copies it in blocks.

@@ -82,6 +82,10 @@ void set_lazy_shards(ArrayColumn& col, std::vector<Shard> shards, std::shared_pt
 int64_t streaming_min_part_bytes();
 void set_streaming_min_part_bytes(int64_t bytes);
 
+// Rows of 128 B to 2 KiB are copied with AVX2 moves where the CPU has them (see gather.cpp).
+// Tests pass false to exercise the baseline copy on such a CPU; true restores the default.
+void set_wide_row_copies(bool allowed);
+
 // dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows). Not for ragged columns.
 void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst);
 

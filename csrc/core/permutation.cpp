@@ -1,6 +1,8 @@
 // Keyed Feistel permutation with cycle-walking; see permutation.h.
 #include "core/permutation.h"
 
+#include "core/cpu_cache.h"
+
 namespace fastload {
 
 namespace {
@@ -13,9 +15,8 @@ int ceil_log2(uint64_t n) {
 uint32_t low_mask(int bits) { return bits >= 32 ? ~uint32_t{0} : ((uint32_t{1} << bits) - 1); }
 
 // The batch loops have no data-dependent branch, so they vectorise. Each body is compiled twice,
-// for AVX2 (8 lanes of 32-bit multiplies) and for the baseline, and chosen at run time: an
-// explicit check rather than target_clones, whose ifunc resolver runs before sanitizer runtimes
-// start and crashes instrumented builds.
+// for AVX2 (8 lanes of 32-bit multiplies) and for the baseline, and chosen at run time
+// (cpu_has_avx2, cpu_cache.h).
 //
 // Each round xors one half with a keyed hash of the other, so each round is its own inverse and
 // the network is a bijection for any split of the bits.
@@ -148,13 +149,6 @@ template <typename Range>
 __attribute__((target("avx2"))) void fill_avx2(const Network& f, Range range, uint64_t n, uint64_t first,
                                                int64_t count, int64_t* out) {
   fill_body(f, range, n, first, count, out);
-}
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
 }
 #endif
 

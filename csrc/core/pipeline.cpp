@@ -161,7 +161,7 @@ void Pipeline::build(int output, int64_t step, int thread, WorkerScratch& scratc
   const BatchLayout& L = *layout_;
   batch->step = step;
   batch->parts.resize(L.num_parts());
-  for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[static_cast<size_t>(output)][p]->acquire();
+  for (size_t p = 0; p < L.num_parts(); ++p) batch->parts[p] = pools_[static_cast<size_t>(output)][p]->acquire(thread);
   BatchRows out;
   out.ids = L.with_index ? reinterpret_cast<int64_t*>(batch->parts[L.index_part]->data()) : scratch.ids.data();
   out.valid = L.with_valid ? reinterpret_cast<bool*>(batch->parts[L.valid_part]->data()) : nullptr;

@@ -72,6 +72,35 @@ TEST_CASE(buffer_pool_recycles_grows_and_outlives) {
     CHECK(y != nullptr && pool->counts().allocations == 1);
     y->hand_to_user();
   }
+  // acquire(filler) hands a thread a buffer it filled itself when one is among the last few
+  // returned (its lines may still be in that core's cache), else the last one returned; the
+  // spares it passes over keep their order.
+  {
+    auto pool = BufferPool::create(64, 8, alloc);
+    auto a = pool->acquire(0), b = pool->acquire(1), c = pool->acquire(0), d = pool->acquire(1);
+    std::byte* const pa = a->data();
+    std::byte* const pb = b->data();
+    std::byte* const pc = c->data();
+    std::byte* const pd = d->data();
+    a.reset();  // returned in the order a, b, c, d: d is the last
+    b.reset();
+    c.reset();
+    d.reset();
+    auto x = pool->acquire(0);  // thread 0's newest: c (not d, thread 1's)
+    CHECK(x->data() == pc);
+    auto y = pool->acquire(1);  // thread 1's newest: d
+    CHECK(y->data() == pd);
+    auto z = pool->acquire(2);  // thread 2 filled none: the last returned, b
+    CHECK(z->data() == pb);
+    auto w = pool->acquire();  // no filler named: the last returned, a
+    CHECK(w->data() == pa);
+    CHECK(pool->counts().allocations == 4 && pool->counts().free == 0);
+    x.reset();
+    w.reset();  // a comes back filled by nobody named: thread 0 now gets x's buffer (c) first
+    auto v = pool->acquire(0);
+    CHECK(v->data() == pc);
+  }
+  CHECK(alloc->allocated() == alloc->freed());
   // Concurrent acquire / write / release: each thread holds one buffer at a time, so the pool
   // never needs more buffers than threads, and frees none.
   {
