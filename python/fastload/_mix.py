@@ -87,6 +87,9 @@ class Mix:
                             f"{type(sources).__name__}")
         if not parts:
             raise ValueError("a Mix needs at least one source, got none")
+        from ._sources.arrow import Arrow, is_arrow_data  # noqa: PLC0415
+
+        parts = [Arrow(p) if is_arrow_data(p) and not isinstance(p, Source) else p for p in parts]
         if not isinstance(with_source, bool):
             raise TypeError(f"with_source must be a bool, got {with_source!r}")
         self._names = names

@@ -98,6 +98,14 @@ def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: 
             raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to {type(obj).__name__}: "
                              "an array source is gathered natively (Ragged columns pad natively)")
         return obj
+    from ._sources.arrow import Arrow, is_arrow_data  # noqa: PLC0415 - numpy only; no Arrow library
+
+    if is_arrow_data(obj):  # a Hugging Face Dataset, pyarrow Table, Polars/DuckDB result: read natively
+        given = [k for k in ("collate_fn", "worker_init_fn") if options[k] is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to Arrow data "
+                             f"({type(obj).__name__}), which is gathered natively")
+        return Arrow(obj, pad=pad, max_length=max_length)
     kind = type(obj).__name__
     if hasattr(obj, "__array_interface__") or type(obj).__module__.startswith("torch") and hasattr(obj, "dim"):
         raise TypeError(f"source must be a dataset, got {kind}: an array is not a dataset: wrap it, "

@@ -1,0 +1,1 @@
+"""Sources the Loader reads natively, one module per kind of data."""
