@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "bindings/python_ref.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
 #include "core/arrow_source.h"
 #include "core/arrow_table.h"
+#include "core/row_group_source.h"
 
 namespace py = pybind11;
 
@@ -98,6 +100,22 @@ std::vector<std::byte> bytes_of(const py::bytes& b) {
   return out;
 }
 
+std::vector<ArrowColumnRequest> requests_of(const py::list& requests) {
+  std::vector<ArrowColumnRequest> cols;
+  for (const py::handle& h : requests) {
+    const py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+    ArrowColumnRequest r;
+    r.name = t[0].cast<std::string>();
+    r.max_items = t[1].cast<int64_t>();
+    r.pad = bytes_of(t[2]);
+    r.fill = t[3].cast<bool>();
+    r.fill_value = bytes_of(t[4]);
+    r.with_valid = t[5].cast<bool>();
+    cols.push_back(std::move(r));
+  }
+  return cols;
+}
+
 }  // namespace
 
 void register_arrow(py::module_& m) {
@@ -137,21 +155,40 @@ void register_arrow(py::module_& m) {
   // requests: [(name, max_items, pad bytes, fill, fill bytes, with_valid)]; owners: kept alive.
   m.def("ArrowSource", [](std::shared_ptr<ArrowTable> table, const py::list& requests,
                           std::shared_ptr<ArrowTable> indices, py::object owners) {
-    std::vector<ArrowColumnRequest> cols;
-    for (const py::handle& h : requests) {
-      const py::tuple t = py::reinterpret_borrow<py::tuple>(h);
-      ArrowColumnRequest r;
-      r.name = t[0].cast<std::string>();
-      r.max_items = t[1].cast<int64_t>();
-      r.pad = bytes_of(t[2]);
-      r.fill = t[3].cast<bool>();
-      r.fill_value = bytes_of(t[4]);
-      r.with_valid = t[5].cast<bool>();
-      cols.push_back(std::move(r));
-    }
-    auto source = std::make_shared<ArrowSource>(std::move(table), std::move(cols), std::move(indices));
+    auto source = std::make_shared<ArrowSource>(std::move(table), requests_of(requests), std::move(indices));
     return SourceHandle{std::move(source), std::move(owners)};
   }, py::arg("table"), py::arg("requests"), py::arg("indices"), py::arg("owners"));
+
+  // decode(group) -> (an 'arrow_array_stream' capsule, bytes): called on the collation threads
+  // with the GIL taken (pyarrow releases it while it decodes).
+  m.def("RowGroupSource", [](std::shared_ptr<ArrowTable> schema, const py::list& requests,
+                             std::vector<int64_t> group_rows, std::vector<std::string> group_names,
+                             const py::object& decode, int64_t budget_bytes, py::object owners) {
+    auto fn = std::make_shared<PyRef>(PyRef::borrow(decode.ptr()));
+    RowGroupSource::Decode call = [fn](int64_t group, int64_t* bytes) {
+      GilScope gil;
+      try {
+        py::object out = py::reinterpret_borrow<py::object>(fn->get())(group);
+        const py::tuple t = out.cast<py::tuple>();
+        *bytes = t[1].cast<int64_t>();
+        return from_stream(t[0]);
+      } catch (py::error_already_set& e) {
+        const std::string what = e.what();  // the message, read while the GIL is held
+        e.restore();
+        PyErr_Clear();
+        throw std::invalid_argument(what);
+      }
+    };
+    auto source = std::make_shared<RowGroupSource>(std::move(schema), requests_of(requests), std::move(group_rows),
+                                                   std::move(group_names), std::move(call), budget_bytes);
+    return SourceHandle{std::move(source), std::move(owners)};
+  }, py::arg("schema"), py::arg("requests"), py::arg("group_rows"), py::arg("group_names"), py::arg("decode"),
+     py::arg("budget_bytes"), py::arg("owners"));
+  m.def("row_group_decodes", [](const SourceHandle& h) {
+    auto s = std::dynamic_pointer_cast<RowGroupSource>(h.source);
+    if (!s) throw py::type_error("not a row-group source");
+    return py::make_tuple(s->decodes(), s->cached_bytes());
+  }, py::arg("source"), "(row groups decoded so far, bytes of decoded row groups cached now)");
 }
 
 }  // namespace fastload

@@ -16,15 +16,15 @@ std::string arrow_valid_name(const std::string& column) { return column + "_vali
 
 namespace {
 
-constexpr int64_t kBlock = 256;
-
 int64_t format_bytes(const ArrowSchema& s, const DType& t) {
   if (s.format && s.format[0] == 'w' && s.format[1] == ':') return std::strtoll(s.format + 2, nullptr, 10);
   return t.bits / 8;
 }
 
-// The chunk holding row `id`: the number of chunk ends at or before it (branch-free search).
-inline size_t chunk_of(const std::vector<int64_t>& starts, int64_t id) {
+}  // namespace
+
+// The number of chunk ends at or before `id` (a branch-free binary search).
+size_t arrow_chunk_of(const std::vector<int64_t>& starts, int64_t id) {
   const int64_t* ends = starts.data() + 1;
   const int64_t* base = ends;
   size_t n = starts.size() - 1;
@@ -36,7 +36,7 @@ inline size_t chunk_of(const std::vector<int64_t>& starts, int64_t id) {
   return static_cast<size_t>(base - ends) + (*base <= id ? 1 : 0);
 }
 
-int64_t read_index(const std::byte* p, DType t, int64_t i) {
+int64_t read_arrow_index(const std::byte* p, DType t, int64_t i) {
   switch (t.bits) {
     case 8: return t.code == kInt ? int64_t{reinterpret_cast<const int8_t*>(p)[i]} : int64_t{reinterpret_cast<const uint8_t*>(p)[i]};
     case 16: return t.code == kInt ? int64_t{reinterpret_cast<const int16_t*>(p)[i]} : int64_t{reinterpret_cast<const uint16_t*>(p)[i]};
@@ -49,6 +49,8 @@ int64_t read_index(const std::byte* p, DType t, int64_t i) {
     }
   }
 }
+
+namespace {
 
 inline bool bit(const std::byte* bits, int64_t i) {
   return (static_cast<uint8_t>(bits[i >> 3]) >> (i & 7)) & 1;
@@ -95,9 +97,9 @@ ValuesAt values_at(const ArrowArray* a, const ArrowSchema* s, int64_t first, con
   return v;
 }
 
-ArrowSource::ChunkView view_of(const ArrowArray& batch, const ArrowColumnInfo& info, const ArrowSchema& schema,
-                               ArrowSource::Column& col) {
-  ArrowSource::ChunkView view;
+ArrowChunkView view_of(const ArrowArray& batch, const ArrowColumnInfo& info, const ArrowSchema& schema,
+                      const ArrowColumnPlan& col) {
+  ArrowChunkView view;
   ArrowLeafAt at = leaf_at(batch, info.path, info.name);
   view.validity = std::move(at.validity);
   const ArrowArray* a = at.array;
@@ -141,14 +143,14 @@ ArrowSource::ChunkView view_of(const ArrowArray& batch, const ArrowColumnInfo& i
   return view;
 }
 
-inline bool row_valid(const ArrowSource::ChunkView& v, int64_t r) {
+inline bool row_valid(const ArrowChunkView& v, int64_t r) {
   for (const auto& [bits, bit0] : v.validity)
     if (!bit(reinterpret_cast<const std::byte*>(bits), bit0 + r)) return false;
   return true;
 }
 
 // One list/string row's items: [first, end) of its values.
-inline void list_range(const ArrowSource::Column& col, const ArrowSource::ChunkView& v, int64_t row, int64_t* first,
+inline void list_range(const ArrowColumnPlan& col, const ArrowChunkView& v, int64_t row, int64_t* first,
                        int64_t* end) {
   if (col.wide_offsets) {
     const int64_t* o = static_cast<const int64_t*>(v.offsets);
@@ -162,33 +164,46 @@ inline void list_range(const ArrowSource::Column& col, const ArrowSource::ChunkV
                                  std::to_string(*end) + ") outside its values (a corrupt array?)");
 }
 
-// Rows [0, n) of a block into dst (slot of row i at dst + i * row_bytes); lengths and valid may
-// be null.
-void gather_column(const ArrowSource::Column& col, const size_t* chunk, const int64_t* row, int64_t n,
-                   std::byte* dst, int64_t* lengths, bool* valid) {
+bool wide_offsets(const ArrowSchema& s) {
+  return std::strcmp(s.format, "+L") == 0 || std::strcmp(s.format, "U") == 0 || std::strcmp(s.format, "Z") == 0;
+}
+
+DType index_type_of(const ArrowSchema& s) {
+  static const std::pair<const char*, DType> types[] = {{"c", {kInt, 8}},   {"C", {kUInt, 8}}, {"s", {kInt, 16}},
+                                                       {"S", {kUInt, 16}}, {"i", {kInt, 32}}, {"I", {kUInt, 32}},
+                                                       {"l", {kInt, 64}},  {"L", {kUInt, 64}}};
+  for (const auto& [code, type] : types)
+    if (std::strcmp(s.format, code) == 0) return type;
+  return {kInt, 64};
+}
+
+}  // namespace
+
+void gather_arrow_column(const ArrowColumnPlan& col, const ArrowChunkView* const* views, const int64_t* row,
+                         int64_t n, bool plain, std::byte* dst, int64_t* lengths, bool* valid) {
   const ArrowColumnInfo& info = col.info;
   const int64_t rb = col.row_bytes;
-  if (col.plain && info.kind == ArrowKind::kFixed) {
-    const std::byte* rows[kBlock];
-    for (int64_t i = 0; i < n; ++i) rows[i] = col.chunks[chunk[i]].data + row[i] * rb;
+  if (plain && info.kind == ArrowKind::kFixed) {
+    const std::byte* rows[kArrowBlock];
+    for (int64_t i = 0; i < n; ++i) rows[i] = views[i]->data + row[i] * rb;
     gather_addresses(rows, rb, n, dst);
     if (valid) std::fill(valid, valid + n, true);
     return;
   }
-  const bool is_list = info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes;
+  const bool is_list = col.is_list();
   const int64_t cap = is_list ? col.request.max_items : 0;
   // Pass 1: validity, dictionary and (lists) offsets, prefetching the values; pass 2: copy.
-  const std::byte* src[kBlock];
-  int64_t items[kBlock];
-  int64_t value_row[kBlock];
-  bool ok[kBlock];
+  const std::byte* src[kArrowBlock];
+  int64_t items[kArrowBlock];
+  int64_t value_row[kArrowBlock];
+  bool ok[kArrowBlock];
   for (int64_t i = 0; i < n; ++i) {
-    const ArrowSource::ChunkView& v = col.chunks[chunk[i]];
+    const ArrowChunkView& v = *views[i];
     ok[i] = v.validity.empty() || row_valid(v, row[i]);
     if (!ok[i]) continue;
     int64_t r = row[i];
     if (v.indices) {
-      r = read_index(v.indices, col.index_type, r);
+      r = read_arrow_index(v.indices, col.index_type, r);
       if (r < 0 || r >= v.dict_rows)
         bad_chunk(info.name, "dictionary index " + std::to_string(r) + " outside its " + std::to_string(v.dict_rows) +
                                  " values (a corrupt array?)");
@@ -217,7 +232,7 @@ void gather_column(const ArrowSource::Column& col, const size_t* chunk, const in
       }
       continue;
     }
-    const ArrowSource::ChunkView& v = col.chunks[chunk[i]];
+    const ArrowChunkView& v = *views[i];
     switch (info.kind) {
       case ArrowKind::kFixed: std::memcpy(out, src[i], static_cast<size_t>(rb)); break;
       case ArrowKind::kBool: {
@@ -237,11 +252,62 @@ void gather_column(const ArrowSource::Column& col, const size_t* chunk, const in
   }
 }
 
-bool wide_offsets(const ArrowSchema& s) {
-  return std::strcmp(s.format, "+L") == 0 || std::strcmp(s.format, "U") == 0 || std::strcmp(s.format, "Z") == 0;
+ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest req, bool check_nulls) {
+  ArrowColumnPlan col;
+  col.info = table.column(req.name);
+  const ArrowColumnInfo& info = col.info;
+  if (!info.unsupported.empty())
+    throw std::invalid_argument("Arrow column '" + info.name + "' of type " + info.type + ": " + info.unsupported);
+  if (check_nulls && info.first_null >= 0 && !req.fill)
+    throw std::invalid_argument("Arrow column '" + info.name + "' holds nulls (the first at row " +
+                                std::to_string(info.first_null) + "): pass fill_null={'" + info.name +
+                                "': value} or drop it with columns=");
+  const ArrowSchema& s = table.column_schema(info);
+  const ArrowSchema& values = info.dictionary ? *s.dictionary : s;
+  if (info.dictionary) col.index_type = index_type_of(s);
+  const int64_t element_bytes = info.kind == ArrowKind::kBool ? 1 : info.dtype.bits / 8;
+  if (col.is_list()) {
+    col.wide_offsets = wide_offsets(values);
+    col.item_bytes = info.elements * element_bytes;
+    if (req.max_items < 0) throw std::invalid_argument("Arrow column '" + info.name + "': negative max_length");
+    if (req.pad.empty() || col.item_bytes % static_cast<int64_t>(req.pad.size()) != 0)
+      throw std::invalid_argument("Arrow column '" + info.name + "': a pad value of " + std::to_string(req.pad.size()) +
+                                  " bytes does not divide an item of " + std::to_string(col.item_bytes));
+    col.row_bytes = req.max_items * col.item_bytes;
+  } else {
+    col.row_bytes = info.elements * element_bytes;
+    if (req.fill && static_cast<int64_t>(req.fill_value.size()) != col.row_bytes)
+      throw std::invalid_argument("Arrow column '" + info.name + "': a fill value of " +
+                                  std::to_string(req.fill_value.size()) + " bytes for rows of " +
+                                  std::to_string(col.row_bytes));
+  }
+  if (!req.fill) req.with_valid = false;
+  col.request = std::move(req);
+  return col;
 }
 
-}  // namespace
+void add_arrow_parts(const ArrowColumnPlan& col, std::vector<PartSchema>& parts) {
+  std::vector<int64_t> shape = col.info.item_shape;
+  if (col.is_list()) shape.insert(shape.begin(), col.request.max_items);
+  parts.push_back({col.info.name, col.info.dtype, shape, static_cast<size_t>(col.row_bytes)});
+  if (col.is_list()) parts.push_back({col.info.name + "_lengths", kInt64, {}, sizeof(int64_t)});
+  if (col.request.with_valid) parts.push_back({arrow_valid_name(col.info.name), kBoolType, {}, 1});
+}
+
+ArrowChunkView arrow_chunk_view(const ArrowTable& table, size_t chunk, const ArrowColumnPlan& plan) {
+  const ArrowColumnInfo& here = table.column(plan.info.name);
+  if (here.kind != plan.info.kind || here.dtype != plan.info.dtype || here.item_shape != plan.info.item_shape ||
+      here.dictionary != plan.info.dictionary || !here.unsupported.empty())
+    throw std::invalid_argument("Arrow column '" + plan.info.name + "' is " + here.type + " here, " + plan.info.type +
+                                " where the source was opened");
+  const ArrowSchema& s = table.column_schema(here);
+  if (plan.is_list() && wide_offsets(here.dictionary ? *s.dictionary : s) != plan.wide_offsets)
+    throw std::invalid_argument("Arrow column '" + plan.info.name + "' is " + here.type + " here, " + plan.info.type +
+                                " where the source was opened");
+  if (here.dictionary && index_type_of(s) != plan.index_type)
+    throw std::invalid_argument("Arrow column '" + plan.info.name + "': its dictionary indices changed type");
+  return view_of(table.chunk(chunk), here, s, plan);
+}
 
 ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<ArrowColumnRequest> requests,
                          std::shared_ptr<const ArrowTable> indices)
@@ -249,54 +315,12 @@ ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<Ar
   size_ = table_->rows();
   for (ArrowColumnRequest& req : requests) {
     Column col;
-    col.info = table_->column(req.name);
-    const ArrowColumnInfo& info = col.info;
-    if (!info.unsupported.empty())
-      throw std::invalid_argument("Arrow column '" + info.name + "' of type " + info.type + ": " + info.unsupported);
-    if (info.first_null >= 0 && !req.fill)
-      throw std::invalid_argument("Arrow column '" + info.name + "' holds nulls (the first at row " +
-                                  std::to_string(info.first_null) + "): pass fill_null={'" + info.name +
-                                  "': value} or drop it with columns=");
-    const ArrowSchema& s = table_->column_schema(info);
-    const ArrowSchema& values = info.dictionary ? *s.dictionary : s;
-    if (info.dictionary) {
-      DType t{kInt, 64};
-      const std::string f = s.format;
-      static const std::pair<const char*, DType> types[] = {{"c", {kInt, 8}},   {"C", {kUInt, 8}},  {"s", {kInt, 16}},
-                                                           {"S", {kUInt, 16}}, {"i", {kInt, 32}},  {"I", {kUInt, 32}},
-                                                           {"l", {kInt, 64}},  {"L", {kUInt, 64}}};
-      for (const auto& [code, type] : types)
-        if (f == code) t = type;
-      col.index_type = t;
-    }
-    const int64_t element_bytes = info.kind == ArrowKind::kBool ? 1 : info.dtype.bits / 8;
-    if (info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes) {
-      col.wide_offsets = wide_offsets(values);
-      col.item_bytes = info.elements * element_bytes;
-      if (req.max_items < 0) throw std::invalid_argument("Arrow column '" + info.name + "': negative max_length");
-      if (req.pad.empty() || col.item_bytes % static_cast<int64_t>(req.pad.size()) != 0)
-        throw std::invalid_argument("Arrow column '" + info.name + "': a pad value of " + std::to_string(req.pad.size()) +
-                                    " bytes does not divide an item of " + std::to_string(col.item_bytes));
-      col.row_bytes = req.max_items * col.item_bytes;
-    } else {
-      col.row_bytes = info.elements * element_bytes;
-      if (req.fill && static_cast<int64_t>(req.fill_value.size()) != col.row_bytes)
-        throw std::invalid_argument("Arrow column '" + info.name + "': a fill value of " +
-                                    std::to_string(req.fill_value.size()) + " bytes for rows of " +
-                                    std::to_string(col.row_bytes));
-    }
+    col.plan = plan_arrow_column(*table_, std::move(req));
     for (size_t c = 0; c < table_->num_chunks(); ++c) {
-      col.chunks.push_back(view_of(table_->chunk(c), info, s, col));
-      if (!col.chunks.back().validity.empty() || col.chunks.back().indices) col.plain = false;
+      col.chunks.push_back(arrow_chunk_view(*table_, c, col.plan));
+      if (!col.chunks.back().plain()) col.plain = false;
     }
-    if (!req.fill) req.with_valid = false;
-    std::vector<int64_t> shape = info.item_shape;
-    if (info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes) shape.insert(shape.begin(), req.max_items);
-    schema_.push_back({info.name, info.dtype, shape, static_cast<size_t>(col.row_bytes)});
-    if (info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes)
-      schema_.push_back({info.name + "_lengths", kInt64, {}, sizeof(int64_t)});
-    if (req.with_valid) schema_.push_back({arrow_valid_name(info.name), kBoolType, {}, 1});
-    col.request = std::move(req);
+    add_arrow_parts(col.plan, schema_);
     columns_.push_back(std::move(col));
   }
   if (indices_) {
@@ -315,32 +339,33 @@ ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<Ar
 }
 
 void ArrowSource::fill(const FillRequest& r) {
-  size_t chunk[kBlock];
-  int64_t row[kBlock];
+  const ArrowChunkView* views[kArrowBlock];
+  size_t chunk[kArrowBlock];
+  int64_t row[kArrowBlock];
   const std::vector<int64_t>& starts = table_->starts();
-  for (int64_t b = 0; b < r.count; b += kBlock) {
-    const int64_t n = std::min(kBlock, r.count - b);
+  for (int64_t b = 0; b < r.count; b += kArrowBlock) {
+    const int64_t n = std::min(kArrowBlock, r.count - b);
     for (int64_t i = 0; i < n; ++i) {
       int64_t id = r.ids[b + i];
       if (indices_) {
         const std::vector<int64_t>& is = indices_->starts();
-        const size_t c = chunk_of(is, id);
-        const int64_t mapped = read_index(index_data_[c], index_dtype_, id - is[c]);
+        const size_t c = arrow_chunk_of(is, id);
+        const int64_t mapped = read_arrow_index(index_data_[c], index_dtype_, id - is[c]);
         if (mapped < 0 || mapped >= table_->rows())
           throw std::invalid_argument("the indices mapping sends sample " + std::to_string(id) + " to row " +
                                       std::to_string(mapped) + " of a table of " + std::to_string(table_->rows()));
         id = mapped;
       }
-      chunk[i] = chunk_of(starts, id);
+      chunk[i] = arrow_chunk_of(starts, id);
       row[i] = id - starts[chunk[i]];
     }
     size_t p = 0;
     for (const Column& col : columns_) {
-      const bool is_list = col.info.kind == ArrowKind::kList || col.info.kind == ArrowKind::kBytes;
-      std::byte* dst = r.parts[p++] + b * col.row_bytes;
-      int64_t* lengths = is_list ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;
-      bool* valid = col.request.with_valid ? reinterpret_cast<bool*>(r.parts[p++]) + b : nullptr;
-      gather_column(col, chunk, row, n, dst, lengths, valid);
+      for (int64_t i = 0; i < n; ++i) views[i] = &col.chunks[chunk[i]];
+      std::byte* dst = r.parts[p++] + b * col.plan.row_bytes;
+      int64_t* lengths = col.plan.is_list() ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;
+      bool* valid = col.plan.request.with_valid ? reinterpret_cast<bool*>(r.parts[p++]) + b : nullptr;
+      gather_arrow_column(col.plan, views, row, n, col.plain, dst, lengths, valid);
     }
   }
 }

@@ -26,38 +26,60 @@ struct ArrowColumnRequest {
 
 std::string arrow_valid_name(const std::string& column);
 
+// Where one column's rows are in one chunk (see arrow_source.cpp).
+struct ArrowChunkView {
+  std::vector<std::pair<const uint8_t*, int64_t>> validity;  // (bitmap, bit of the chunk's row 0)
+  const std::byte* indices = nullptr;  // dictionary: the chunk's row r has value row indices[r]
+  int64_t dict_rows = 0;
+  const std::byte* data = nullptr;     // fixed: value row v at data + v * row_bytes; list: items
+  int64_t bit0 = 0;                    // bool: element j of value row v at bit bit0 + v * elements + j
+  const void* offsets = nullptr;       // list / string: value row v is [offsets[v], offsets[v + 1])
+  int64_t items = -1;                  // list: the items there are (bounds check)
+  bool plain() const { return validity.empty() && !indices; }
+};
+
+// How one column is gathered, checked against the table's schema.
+struct ArrowColumnPlan {
+  ArrowColumnRequest request;
+  ArrowColumnInfo info;
+  int64_t row_bytes = 0;   // fixed / bool: a row; list / string: the slot
+  int64_t item_bytes = 0;  // list / string: one item
+  bool wide_offsets = false;
+  DType index_type;
+  bool is_list() const { return info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes; }
+};
+
+// Throws std::invalid_argument naming the column for an unknown or unsupported column, nulls
+// without a fill (when `check_nulls`), or a bad pad or fill value.
+ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest request, bool check_nulls = true);
+// The batch parts a column fills: its rows, then lengths (list / string), then valid.
+void add_arrow_parts(const ArrowColumnPlan& plan, std::vector<PartSchema>& parts);
+// The column in one chunk of `table` (whose schema must give the column the plan's type).
+ArrowChunkView arrow_chunk_view(const ArrowTable& table, size_t chunk, const ArrowColumnPlan& plan);
+// Rows [0, n) of a block: row i is chunk row rows[i] of views[i]; slot i at dst + i * row_bytes;
+// lengths and valid may be null. `plain`: every view is plain().
+void gather_arrow_column(const ArrowColumnPlan& plan, const ArrowChunkView* const* views, const int64_t* rows,
+                         int64_t n, bool plain, std::byte* dst, int64_t* lengths, bool* valid);
+
+// Blocks of this many rows are resolved at a time (on the stack).
+inline constexpr int64_t kArrowBlock = 256;
+
 class ArrowSource final : public BatchSource {
  public:
-  // Throws std::invalid_argument naming the column for an unknown or unsupported column, a column
-  // with nulls and no fill, or an indices table that is not one integer column.
+  // Throws std::invalid_argument as plan_arrow_column does, or for an indices table that is not
+  // one integer column.
   ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<ArrowColumnRequest> columns,
               std::shared_ptr<const ArrowTable> indices = nullptr);
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return size_; }
   void fill(const FillRequest& request) override;
 
-  // Where one column's rows are in one chunk (see arrow_source.cpp).
-  struct ChunkView {
-    std::vector<std::pair<const uint8_t*, int64_t>> validity;
-    const std::byte* indices = nullptr;  // dictionary: the chunk's row r has value row indices[r]
-    int64_t dict_rows = 0;
-    const std::byte* data = nullptr;
-    int64_t bit0 = 0;
-    const void* offsets = nullptr;
-    int64_t items = -1;
-  };
-  struct Column {
-    ArrowColumnRequest request;
-    ArrowColumnInfo info;
-    int64_t row_bytes = 0;   // fixed / bool: a row; list / string: the slot
-    int64_t item_bytes = 0;  // list / string: one item
-    bool wide_offsets = false;
-    DType index_type;
-    bool plain = true;  // no chunk has validity or a dictionary: the fast path
-    std::vector<ChunkView> chunks;
-  };
-
  private:
+  struct Column {
+    ArrowColumnPlan plan;
+    bool plain = true;
+    std::vector<ArrowChunkView> chunks;
+  };
   std::shared_ptr<const ArrowTable> table_, indices_;
   std::vector<Column> columns_;
   std::vector<PartSchema> schema_;
@@ -65,5 +87,10 @@ class ArrowSource final : public BatchSource {
   DType index_dtype_;
   int64_t size_ = 0;
 };
+
+// The chunk holding row `id` of a table whose chunk c holds rows [starts[c], starts[c + 1]).
+size_t arrow_chunk_of(const std::vector<int64_t>& starts, int64_t id);
+// Element i of an integer array of type t, as int64 (uint64 past int64's range reads negative).
+int64_t read_arrow_index(const std::byte* p, DType t, int64_t i);
 
 }  // namespace fastload

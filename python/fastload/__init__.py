@@ -9,12 +9,13 @@ from ._source import Source
 from ._state import STATE_VERSION
 from ._stats import LoaderStats, SourceStats, StageStats
 from ._sources.arrow import Arrow
+from ._sources.parquet import Parquet
 from ._streams import record_stream
 from ._tune import TunePoint, TuneResult, tune
 from ._writer import DatasetWriter, write_dataset
 
 __version__ = "0.1.0"
-__all__ = ["Dataset", "Windows", "Ragged", "Arrow", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
+__all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",
            "LoaderStats", "SourceStats", "StageStats", "STATE_VERSION",
            "tune", "TuneResult", "TunePoint", "__version__"]

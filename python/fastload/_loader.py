@@ -92,7 +92,8 @@ class Loader:
         shuffle: a seeded permutation per epoch (O(1) memory); else the source's order.
         seed: the permutation's seed, an integer in [0, 2**64).
         drop_last: drop the epoch's final, shorter step instead of splitting it evenly.
-        order: with shuffle, "random" (any sample next to any) or "block" (blocks of 4096
+        order: with shuffle, "random" (any sample next to any; the default except for
+            fl.Parquet, whose default is "block") or "block" (blocks of 4096
             consecutive samples shuffled, then shuffled within: locality when data > RAM).
         rank, world_size: this process's data-parallel rank and their number; both or neither.
             None: process_group, else torch.distributed if initialised, else RANK/WORLD_SIZE,
@@ -125,7 +126,7 @@ class Loader:
     """
 
     def __init__(self, source: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False, order: str = "random", rank: int | None = None,
+                 drop_last: bool = False, order: str | None = None, rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
                  device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
                  streams: int = 1, with_index: bool = False, partition: str = "samples",
@@ -143,7 +144,7 @@ class Loader:
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("with_index", with_index)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
-        if order not in _ORDER:
+        if order is not None and order not in _ORDER:
             raise ValueError(f"order must be one of {_ORDER}, got {order!r}")
         if even not in _EVEN:
             raise ValueError(f"even must be one of {_EVEN}, got {even!r}")
@@ -178,6 +179,8 @@ class Loader:
         else:
             source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
                                worker_init_fn=worker_init_fn, seed=self._seed)
+        if order is None:  # "random", or what the source reads best (Parquet: "block" over its row groups)
+            order = getattr(source, "default_order", "random")
         with_source = self._mix is not None and self._mix.with_source
         self._check_python_options(source, workers, bool(with_index), even, with_source)
         self._rank, self._world_size = resolve_rank(rank, world_size, process_group)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _C
 
-__all__ = ["Arrow", "is_arrow_data"]
+__all__ = ["Arrow", "is_arrow_data", "plan_columns"]
 
 _RESERVED = tuple(_C.RESERVED_NAMES)
 _WAY_OUT = ("drop it with columns=[...], or pass the data as a Python dataset (an object with __getitem__, "
@@ -86,6 +86,92 @@ def _scalar_bytes(option: str, name: str, value: Any, dtype: Any, shape: Sequenc
     return np.broadcast_to(a, tuple(shape)).tobytes()
 
 
+def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length: Any, fill_null: Any,
+                 with_valid: bool, longest: Any = None, what: str = "Arrow") -> tuple[list[str], list[tuple], list[str]]:
+    """The columns read (leaf names), the native requests for them, and the batch's part names.
+    `longest(name)` gives a list column's longest row when no max_length is given (None: refused)."""
+    if not isinstance(with_valid, bool):
+        raise TypeError(f"with_valid must be a bool, got {with_valid!r}")
+    if fill_null is not None and not isinstance(fill_null, Mapping):
+        raise TypeError(f"fill_null must be a dict of column -> value, got {type(fill_null).__name__}")
+    infos = {c["name"]: c for c in table.columns}
+    selected = _select(columns, infos)
+    pads = _by_column("pad", pad, selected)
+    lengths = _by_column("max_length", max_length, selected)
+    fills = _by_column("fill_null", fill_null, selected)
+    requests, names = [], []
+    for name in selected:
+        info = infos[name]
+        if info["unsupported"]:
+            raise ValueError(f"{what} column {name!r} of type {info['type']} is not read natively "
+                             f"({info['unsupported']}): {_WAY_OUT}")
+        if info["first_null"] >= 0 and name not in fills:
+            raise ValueError(f"{what} column {name!r} holds nulls (the first at row {info['first_null']}): pass "
+                             f"fill_null={{{name!r}: value}} (with_valid=True adds {name + '_valid'!r}), or "
+                             "drop it with columns=[...]")
+        requests.append(_request(name, info, pads, lengths, fills, with_valid, longest, what))
+        names.append(name)
+        if info["kind"] in ("list", "bytes"):
+            names.append(_C.ragged_lengths_name(name))
+        if with_valid and name in fills:
+            names.append(name + "_valid")
+    for n in names:
+        if n in _RESERVED:
+            raise ValueError(f"{what} column {n!r} has a name the loader reserves ({', '.join(_RESERVED)}): "
+                             "rename it in the table, or drop it with columns=[...]")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} columns clash with a list column's <name>_lengths or <name>_valid: {names}")
+    return selected, requests, names
+
+
+def _select(columns: Sequence[str] | None, infos: dict[str, Any]) -> list[str]:
+    if columns is None:
+        return list(infos)
+    if isinstance(columns, str):
+        raise TypeError(f"columns must be a list of column names, got the string {columns!r}")
+    selected: list[str] = []
+    for c in columns:
+        found = [n for n in infos if n == c or n.startswith(c + ".")]
+        if not found:
+            raise ValueError(f"the data has no column {c!r}; it has {list(infos)}")
+        selected += [n for n in found if n not in selected]
+    if not selected:
+        raise ValueError("columns must name at least one column")
+    return selected
+
+
+def _request(name: str, info: dict, pads: dict, lengths: dict, fills: dict, with_valid: bool, longest: Any,
+             what: str) -> tuple:
+    dtype = _DTYPES[tuple(info["dtype"])]
+    kind = info["kind"]
+    fill = name in fills
+    if kind in ("list", "bytes"):
+        if fill and fills[name] not in ([], "", b"", None):
+            raise ValueError(f"fill_null[{name!r}]: a null row of a list or string column becomes an empty row "
+                             f"(lengths 0): give [], got {fills[name]!r}")
+        if name in lengths:
+            n = lengths[name]
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
+                raise ValueError(f"max_length[{name!r}] must be a positive int, got {n!r}")
+        elif kind == "bytes":
+            raise ValueError(f"{what} column {name!r} holds {info['type']} values: pass max_length={{{name!r}: n}} "
+                             "to get its UTF-8 bytes padded natively as uint8 with "
+                             f"{_C.ragged_lengths_name(name)!r} (a Python list of strings per batch is not "
+                             f"supported yet), or {_WAY_OUT}")
+        elif longest is None:
+            raise ValueError(f"{what} column {name!r} is a {info['type']}: pass max_length={{{name!r}: n}} (its "
+                             "longest row is not known without decoding every row group), or drop it with "
+                             "columns=[...]")
+        else:
+            n = max(1, longest(name))
+        pad_bytes = _scalar_bytes("pad", name, pads.get(name, 0), dtype)
+        return (name, int(n), pad_bytes, fill, b"", with_valid and fill)
+    if name in lengths:
+        raise ValueError(f"max_length[{name!r}]: column {name!r} is {info['type']}, not a list or string")
+    fill_bytes = _scalar_bytes("fill_null", name, fills[name], dtype, info["item_shape"]) if fill else b""
+    return (name, 0, b"\0", fill, fill_bytes, with_valid and fill)
+
+
 class Arrow:
     """Arrow data read natively: a pyarrow Table, any `__arrow_c_stream__` / `__arrow_c_array__`
     producer (Polars, DuckDB, pyarrow), or a Hugging Face `datasets.Dataset`.
@@ -126,39 +212,10 @@ class Arrow:
         else:
             raise TypeError(f"fl.Arrow reads Arrow data (a pyarrow Table, an object with __arrow_c_stream__ or "
                             f"__arrow_c_array__, or a Hugging Face Dataset), got {type(data).__name__}")
-        if not isinstance(with_valid, bool):
-            raise TypeError(f"with_valid must be a bool, got {with_valid!r}")
-        if fill_null is not None and not isinstance(fill_null, Mapping):
-            raise TypeError(f"fill_null must be a dict of column -> value, got {type(fill_null).__name__}")
         self._producer = data
         self._table, self._indices = table, indices
-        infos = {c["name"]: c for c in table.columns}
-        self._selected = self._select(columns, infos)
-        pads = _by_column("pad", pad, self._selected)
-        lengths = _by_column("max_length", max_length, self._selected)
-        fills = _by_column("fill_null", fill_null, self._selected)
-        self._requests, names = [], []
-        for name in self._selected:
-            info = infos[name]
-            if info["unsupported"]:
-                raise ValueError(f"Arrow column {name!r} of type {info['type']} is not read natively "
-                                 f"({info['unsupported']}): {_WAY_OUT}")
-            if info["first_null"] >= 0 and name not in fills:
-                raise ValueError(f"Arrow column {name!r} holds nulls (the first at row {info['first_null']}): pass "
-                                 f"fill_null={{{name!r}: value}} (with_valid=True adds {name + '_valid'!r}), or "
-                                 "drop it with columns=[...]")
-            self._requests.append(self._request(name, info, pads, lengths, fills, with_valid))
-            names.append(name)
-            if info["kind"] in ("list", "bytes"):
-                names.append(_C.ragged_lengths_name(name))
-            if with_valid and name in fills:
-                names.append(name + "_valid")
-        for n in names:
-            if n in _RESERVED:
-                raise ValueError(f"Arrow column {n!r} has a name the loader reserves ({', '.join(_RESERVED)}): "
-                                 "rename it in the table, or drop it with columns=[...]")
-        if len(set(names)) != len(names):
-            raise ValueError(f"Arrow columns clash with a list column's <name>_lengths or <name>_valid: {names}")
+        self._selected, self._requests, names = plan_columns(table, columns, pad, max_length, fill_null, with_valid,
+                                                             longest=table.longest)
         self._names = names
         self._rows = indices.rows if indices is not None else table.rows
         if self._rows == 0:
@@ -166,48 +223,6 @@ class Arrow:
         self._fingerprint_files = [_file_state(f) for f in self._files]
         self._native = _C.ArrowSource(self._table, self._requests, self._indices,
                                       (self._table, self._indices, self._producer))
-
-    @staticmethod
-    def _select(columns: Sequence[str] | None, infos: dict[str, Any]) -> list[str]:
-        if columns is None:
-            return list(infos)
-        if isinstance(columns, str):
-            raise TypeError(f"columns must be a list of column names, got the string {columns!r}")
-        selected: list[str] = []
-        for c in columns:
-            found = [n for n in infos if n == c or n.startswith(c + ".")]
-            if not found:
-                raise ValueError(f"the Arrow data has no column {c!r}; it has {list(infos)}")
-            selected += [n for n in found if n not in selected]
-        if not selected:
-            raise ValueError("columns must name at least one column")
-        return selected
-
-    def _request(self, name: str, info: dict, pads: dict, lengths: dict, fills: dict, with_valid: bool) -> tuple:
-        dtype = _DTYPES[tuple(info["dtype"])]
-        kind = info["kind"]
-        fill = name in fills
-        if kind in ("list", "bytes"):
-            if fill and fills[name] not in ([], "", b"", None):
-                raise ValueError(f"fill_null[{name!r}]: a null row of a list or string column becomes an empty row "
-                                 f"(lengths 0): give [], got {fills[name]!r}")
-            if name in lengths:
-                n = lengths[name]
-                if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
-                    raise ValueError(f"max_length[{name!r}] must be a positive int, got {n!r}")
-            elif kind == "bytes":
-                raise ValueError(f"Arrow column {name!r} holds {info['type']} values: pass max_length={{{name!r}: n}} "
-                                 "to get its UTF-8 bytes padded natively as uint8 with "
-                                 f"{_C.ragged_lengths_name(name)!r} (a Python list of strings per batch is not "
-                                 f"supported yet), or {_WAY_OUT}")
-            else:
-                n = max(1, self._table.longest(name))
-            pad_bytes = _scalar_bytes("pad", name, pads.get(name, 0), dtype)
-            return (name, int(n), pad_bytes, fill, b"", with_valid and fill)
-        if name in lengths:
-            raise ValueError(f"max_length[{name!r}]: column {name!r} is {info['type']}, not a list or string")
-        fill_bytes = _scalar_bytes("fill_null", name, fills[name], dtype, info["item_shape"]) if fill else b""
-        return (name, 0, b"\0", fill, fill_bytes, with_valid and fill)
 
     def __len__(self) -> int:
         return self._rows
