@@ -163,7 +163,7 @@ void register_arrow(py::module_& m) {
   // with the GIL taken (pyarrow releases it while it decodes).
   m.def("RowGroupSource", [](std::shared_ptr<ArrowTable> schema, const py::list& requests,
                              std::vector<int64_t> group_rows, std::vector<std::string> group_names,
-                             const py::object& decode, int64_t budget_bytes, py::object owners) {
+                             const py::object& decode, int64_t budget_bytes, int min_groups, py::object owners) {
     auto fn = std::make_shared<PyRef>(PyRef::borrow(decode.ptr()));
     RowGroupSource::Decode call = [fn](int64_t group, int64_t* bytes) {
       GilScope gil;
@@ -180,10 +180,11 @@ void register_arrow(py::module_& m) {
       }
     };
     auto source = std::make_shared<RowGroupSource>(std::move(schema), requests_of(requests), std::move(group_rows),
-                                                   std::move(group_names), std::move(call), budget_bytes);
+                                                   std::move(group_names), std::move(call), budget_bytes,
+                                                   min_groups);
     return SourceHandle{std::move(source), std::move(owners)};
   }, py::arg("schema"), py::arg("requests"), py::arg("group_rows"), py::arg("group_names"), py::arg("decode"),
-     py::arg("budget_bytes"), py::arg("owners"));
+     py::arg("budget_bytes"), py::arg("min_groups"), py::arg("owners"));
   m.def("row_group_decodes", [](const SourceHandle& h) {
     auto s = std::dynamic_pointer_cast<RowGroupSource>(h.source);
     if (!s) throw py::type_error("not a row-group source");

@@ -12,9 +12,9 @@ namespace fastload {
 
 RowGroupSource::RowGroupSource(std::shared_ptr<const ArrowTable> schema, std::vector<ArrowColumnRequest> columns,
                                std::vector<int64_t> group_rows, std::vector<std::string> group_names, Decode decode,
-                               int64_t budget_bytes)
+                               int64_t budget_bytes, int min_groups)
     : schema_table_(std::move(schema)), names_(std::move(group_names)), decode_(std::move(decode)),
-      budget_(budget_bytes) {
+      budget_(budget_bytes), min_groups_(min_groups) {
   for (ArrowColumnRequest& req : columns) {
     // Nulls are checked in each group as it is decoded (the schema holds no rows).
     columns_.push_back(plan_arrow_column(*schema_table_, std::move(req), /*check_nulls=*/false));
@@ -68,7 +68,7 @@ std::shared_ptr<const RowGroupSource::Decoded> RowGroupSource::decode(int64_t g)
 }
 
 void RowGroupSource::evict_locked(int64_t keep) {
-  const size_t floor = static_cast<size_t>(2 * threads_.load());
+  const size_t floor = static_cast<size_t>(min_groups_ + 2 * threads_.load());
   while (cached_ > budget_) {
     size_t done = 0;
     auto victim = cache_.end();

@@ -24,11 +24,12 @@ class RowGroupSource final : public BatchSource {
 
   // `schema` is a table (of no rows) with the groups' schema; group_rows[g] the rows of group g
   // (its ids follow the previous groups'); group_names name them in messages. Decoded groups are
-  // kept while they fit in budget_bytes, and at least two per collation thread are kept anyway.
+  // kept while they fit in budget_bytes, and at least min_groups (the groups an order has in play
+  // at once: order="block"'s window) plus two per collation thread are kept anyway.
   // Throws std::invalid_argument as plan_arrow_column does.
   RowGroupSource(std::shared_ptr<const ArrowTable> schema, std::vector<ArrowColumnRequest> columns,
                  std::vector<int64_t> group_rows, std::vector<std::string> group_names, Decode decode,
-                 int64_t budget_bytes);
+                 int64_t budget_bytes, int min_groups);
   const std::vector<PartSchema>& schema() const override { return parts_; }
   int64_t size() const override { return starts_.back(); }
   void fill(const FillRequest& request) override;
@@ -58,6 +59,7 @@ class RowGroupSource final : public BatchSource {
   std::vector<std::string> names_;
   Decode decode_;
   int64_t budget_ = 0;
+  int min_groups_ = 0;
   mutable std::mutex mu_;
   std::unordered_map<int64_t, Entry> cache_;
   int64_t cached_ = 0;

@@ -96,8 +96,11 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
         raise TypeError(f"fill_null must be a dict of column -> value, got {type(fill_null).__name__}")
     infos = {c["name"]: c for c in table.columns}
     selected = _select(columns, infos)
-    pads = _by_column("pad", pad, selected)
-    lengths = _by_column("max_length", max_length, selected)
+    ragged = [n for n in selected if infos[n]["kind"] in ("list", "bytes")]
+    # One pad or max_length for all means all list and string columns; a dict names any column read.
+    pads = _by_column("pad", pad, selected) if isinstance(pad, Mapping) else _by_column("pad", pad, ragged)
+    lengths = (_by_column("max_length", max_length, selected) if isinstance(max_length, Mapping)
+               else _by_column("max_length", max_length, ragged))
     fills = _by_column("fill_null", fill_null, selected)
     requests, names = [], []
     for name in selected:
