@@ -256,8 +256,6 @@ def test_nested_nulls_and_unsupported_types_refused():
             fl.Arrow(pa.table({name: arr, "ok": [1]}))
         assert "Python dataset" in str(e.value)
         assert fl.Arrow(pa.table({name: arr, "ok": [1]}), columns=["ok"]).names == ["ok"]
-    with pytest.raises(ValueError, match="max_length=\\{'s': n\\}"):
-        fl.Arrow(pa.table({"s": ["a"]}))
 
 
 def test_bad_arguments():
@@ -384,3 +382,40 @@ def test_quick_start_in_docs_runs(tmp_path, monkeypatch):
     scope: dict = {"__name__": "quickstart"}
     exec(compile(code, "docs/arrow.md", "exec"), scope)
     assert scope["steps"] == 400 // 16
+
+
+def test_strings_as_lists_of_values():
+    rng = np.random.default_rng(3)
+    n = 200
+    mask = rng.random(n) < 0.2
+    words = ["", "a", "héllo", "日本語", "x" * 40]
+    t = pa.table({
+        "id": np.arange(n),
+        "s": pa.array([words[i % 5] for i in range(n)], pa.string()),
+        "ls": pa.array([words[(i * 3) % 5] for i in range(n)], pa.large_string()),
+        "b": pa.array([bytes([i % 256]) * (i % 4) for i in range(n)], pa.binary()),
+        "cat": pa.array([words[i % 3] for i in range(n)]).dictionary_encode(),
+        "maybe": pa.array([None if m else words[i % 5] for i, m in enumerate(mask)]),
+    })
+    t = pa.concat_tables([t.slice(0, 70), t.slice(70)])
+    src = fl.Arrow(t, fill_null={"maybe": None}, with_valid=True, max_length={"ls": 8})
+    assert src.string_lists == ["s", "b", "cat", "maybe"]
+    assert "s_lengths" not in src.names and "ls_lengths" in src.names
+    total = 0
+    for threads in (1, 3):
+        for b in fl.Loader(src, batch_size=32, shuffle=True, seed=threads, num_threads=threads, with_index=True,
+                           device="cpu"):
+            assert isinstance(b["s"], list) and isinstance(b["b"][0], bytes)
+            total += check_batch(b, t, max_length={"ls": 8})
+    assert total == 2 * n
+    with pytest.raises(ValueError, match="string columns \\['s'\\] as lists"):
+        fl.Mix([fl.Arrow(t, ["id", "s"]), fl.Dataset({"id": np.arange(5)})])
+
+
+def test_parquet_strings_as_lists(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    t = pa.table({"id": np.arange(100), "s": [f"row {i} " * (i % 4) for i in range(100)]})
+    pq.write_table(t, tmp_path / "s.parquet", row_group_size=16)
+    src = fl.Parquet(tmp_path / "s.parquet")
+    assert sum(check_batch(b, t) for b in fl.Loader(src, batch_size=10, shuffle=True, with_index=True,
+                                                    device="cpu", num_threads=2)) == 100

@@ -111,6 +111,7 @@ std::vector<ArrowColumnRequest> requests_of(const py::list& requests) {
     r.fill = t[3].cast<bool>();
     r.fill_value = bytes_of(t[4]);
     r.with_valid = t[5].cast<bool>();
+    r.as_list = py::len(t) > 6 && t[6].cast<bool>();
     cols.push_back(std::move(r));
   }
   return cols;

@@ -252,6 +252,46 @@ void gather_arrow_column(const ArrowColumnPlan& col, const ArrowChunkView* const
   }
 }
 
+std::shared_ptr<ArrowStringLists> arrow_string_lists(const std::vector<const ArrowColumnPlan*>& plans, int64_t rows) {
+  auto lists = std::make_shared<ArrowStringLists>();
+  for (const ArrowColumnPlan* p : plans) {
+    lists->names.push_back(p->info.name);
+    lists->utf8.push_back(p->utf8);
+    lists->bytes.emplace_back();
+    lists->offsets.emplace_back(1, 0);
+    lists->offsets.back().reserve(static_cast<size_t>(rows) + 1);
+    lists->valid.emplace_back();
+    lists->valid.back().reserve(static_cast<size_t>(rows));
+  }
+  return lists;
+}
+
+void collect_arrow_strings(const ArrowColumnPlan& col, const ArrowChunkView* const* views, const int64_t* row,
+                           int64_t n, ArrowStringLists& lists, size_t k) {
+  std::vector<char>& bytes = lists.bytes[k];
+  std::vector<int64_t>& offsets = lists.offsets[k];
+  std::vector<uint8_t>& valid = lists.valid[k];
+  for (int64_t i = 0; i < n; ++i) {
+    const ArrowChunkView& v = *views[i];
+    const bool ok = v.validity.empty() || row_valid(v, row[i]);
+    valid.push_back(ok ? 1 : 0);
+    if (ok) {
+      int64_t r = row[i];
+      if (v.indices) {
+        r = read_arrow_index(v.indices, col.index_type, r);
+        if (r < 0 || r >= v.dict_rows)
+          bad_chunk(col.info.name, "dictionary index " + std::to_string(r) + " outside its " +
+                                       std::to_string(v.dict_rows) + " values (a corrupt array?)");
+      }
+      int64_t first, end;
+      list_range(col, v, r, &first, &end);
+      const char* src = reinterpret_cast<const char*>(v.data) + first;
+      bytes.insert(bytes.end(), src, src + (end - first));
+    }
+    offsets.push_back(static_cast<int64_t>(bytes.size()));
+  }
+}
+
 ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest req, bool check_nulls) {
   ArrowColumnPlan col;
   col.info = table.column(req.name);
@@ -266,7 +306,14 @@ ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest re
   const ArrowSchema& values = info.dictionary ? *s.dictionary : s;
   if (info.dictionary) col.index_type = index_type_of(s);
   const int64_t element_bytes = info.kind == ArrowKind::kBool ? 1 : info.dtype.bits / 8;
-  if (col.is_list()) {
+  col.utf8 = std::strcmp(values.format, "u") == 0 || std::strcmp(values.format, "U") == 0;
+  if (req.as_list) {
+    if (info.kind != ArrowKind::kBytes)
+      throw std::invalid_argument("Arrow column '" + info.name + "' of type " + info.type + " is not a string column");
+    col.wide_offsets = wide_offsets(values);
+    col.item_bytes = 1;
+    req.with_valid = false;
+  } else if (col.is_list() || info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes) {
     col.wide_offsets = wide_offsets(values);
     col.item_bytes = info.elements * element_bytes;
     if (req.max_items < 0) throw std::invalid_argument("Arrow column '" + info.name + "': negative max_length");
@@ -287,6 +334,7 @@ ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest re
 }
 
 void add_arrow_parts(const ArrowColumnPlan& col, std::vector<PartSchema>& parts) {
+  if (col.request.as_list) return;  // carried in the batch's extras
   std::vector<int64_t> shape = col.info.item_shape;
   if (col.is_list()) shape.insert(shape.begin(), col.request.max_items);
   parts.push_back({col.info.name, col.info.dtype, shape, static_cast<size_t>(col.row_bytes)});
@@ -301,7 +349,7 @@ ArrowChunkView arrow_chunk_view(const ArrowTable& table, size_t chunk, const Arr
     throw std::invalid_argument("Arrow column '" + plan.info.name + "' is " + here.type + " here, " + plan.info.type +
                                 " where the source was opened");
   const ArrowSchema& s = table.column_schema(here);
-  if (plan.is_list() && wide_offsets(here.dictionary ? *s.dictionary : s) != plan.wide_offsets)
+  if ((plan.is_list() || plan.request.as_list) && wide_offsets(here.dictionary ? *s.dictionary : s) != plan.wide_offsets)
     throw std::invalid_argument("Arrow column '" + plan.info.name + "' is " + here.type + " here, " + plan.info.type +
                                 " where the source was opened");
   if (here.dictionary && index_type_of(s) != plan.index_type)
@@ -323,6 +371,8 @@ ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<Ar
     add_arrow_parts(col.plan, schema_);
     columns_.push_back(std::move(col));
   }
+  for (const Column& col : columns_)
+    if (col.plan.request.as_list) string_plans_.push_back(&col.plan);
   if (indices_) {
     const auto& cols = indices_->columns();
     if (cols.size() != 1 || cols[0].kind != ArrowKind::kFixed || cols[0].dictionary || cols[0].dtype.code == kFloat ||
@@ -343,6 +393,11 @@ void ArrowSource::fill(const FillRequest& r) {
   size_t chunk[kArrowBlock];
   int64_t row[kArrowBlock];
   const std::vector<int64_t>& starts = table_->starts();
+  std::shared_ptr<ArrowStringLists> lists;
+  if (!string_plans_.empty()) {
+    lists = arrow_string_lists(string_plans_, r.count);
+    if (r.extras) *r.extras = lists;
+  }
   for (int64_t b = 0; b < r.count; b += kArrowBlock) {
     const int64_t n = std::min(kArrowBlock, r.count - b);
     for (int64_t i = 0; i < n; ++i) {
@@ -359,9 +414,13 @@ void ArrowSource::fill(const FillRequest& r) {
       chunk[i] = arrow_chunk_of(starts, id);
       row[i] = id - starts[chunk[i]];
     }
-    size_t p = 0;
+    size_t p = 0, k = 0;
     for (const Column& col : columns_) {
       for (int64_t i = 0; i < n; ++i) views[i] = &col.chunks[chunk[i]];
+      if (col.plan.request.as_list) {
+        collect_arrow_strings(col.plan, views, row, n, *lists, k++);
+        continue;
+      }
       std::byte* dst = r.parts[p++] + b * col.plan.row_bytes;
       int64_t* lengths = col.plan.is_list() ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;
       bool* valid = col.plan.request.with_valid ? reinterpret_cast<bool*>(r.parts[p++]) + b : nullptr;

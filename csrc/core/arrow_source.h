@@ -22,6 +22,18 @@ struct ArrowColumnRequest {
   bool fill = false;                // null rows become `fill_value` (an empty row for list / string)
   std::vector<std::byte> fill_value;  // fixed / bool: one row's bytes
   bool with_valid = false;          // add "<name>_valid" (bool): false where the row was null
+  bool as_list = false;             // string / binary: the batch's values as a list (extras), not a part
+};
+
+// What a batch carries for string columns asked for as lists (FillRequest::extras): per column,
+// the batch's values back to back and where each row's start (count + 1 offsets); a null row
+// (filled) has valid 0. The bindings turn them into Python lists of str (bytes for binary).
+struct ArrowStringLists {
+  std::vector<std::string> names;
+  std::vector<bool> utf8;
+  std::vector<std::vector<char>> bytes;
+  std::vector<std::vector<int64_t>> offsets;
+  std::vector<std::vector<uint8_t>> valid;
 };
 
 std::string arrow_valid_name(const std::string& column);
@@ -46,7 +58,8 @@ struct ArrowColumnPlan {
   int64_t item_bytes = 0;  // list / string: one item
   bool wide_offsets = false;
   DType index_type;
-  bool is_list() const { return info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes; }
+  bool utf8 = false;  // a string (not binary) column
+  bool is_list() const { return (info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes) && !request.as_list; }
 };
 
 // Throws std::invalid_argument naming the column for an unknown or unsupported column, nulls
@@ -61,6 +74,12 @@ ArrowChunkView arrow_chunk_view(const ArrowTable& table, size_t chunk, const Arr
 void gather_arrow_column(const ArrowColumnPlan& plan, const ArrowChunkView* const* views, const int64_t* rows,
                          int64_t n, bool plain, std::byte* dst, int64_t* lengths, bool* valid);
 
+// A string column asked for as a list: appends rows [0, n) of a block to column k of `lists`.
+void collect_arrow_strings(const ArrowColumnPlan& plan, const ArrowChunkView* const* views, const int64_t* rows,
+                           int64_t n, ArrowStringLists& lists, size_t k);
+// A list of the plans' string columns asked for as lists (names, types), ready to collect into.
+std::shared_ptr<ArrowStringLists> arrow_string_lists(const std::vector<const ArrowColumnPlan*>& plans, int64_t rows);
+
 // Blocks of this many rows are resolved at a time (on the stack).
 inline constexpr int64_t kArrowBlock = 256;
 
@@ -73,8 +92,10 @@ class ArrowSource final : public BatchSource {
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return size_; }
   void fill(const FillRequest& request) override;
+  bool has_string_lists() const { return !string_plans_.empty(); }
 
  private:
+  std::vector<const ArrowColumnPlan*> string_plans_;
   struct Column {
     ArrowColumnPlan plan;
     bool plain = true;

@@ -20,6 +20,8 @@ RowGroupSource::RowGroupSource(std::shared_ptr<const ArrowTable> schema, std::ve
     columns_.push_back(plan_arrow_column(*schema_table_, std::move(req), /*check_nulls=*/false));
     add_arrow_parts(columns_.back(), parts_);
   }
+  for (const ArrowColumnPlan& col : columns_)
+    if (col.request.as_list) string_plans_.push_back(&col);
   for (int64_t rows : group_rows) {
     if (rows < 0) throw std::invalid_argument("a row group of negative rows");
     starts_.push_back(starts_.back() + rows);
@@ -118,6 +120,11 @@ void RowGroupSource::fill(const FillRequest& r) {
   size_t chunk[kArrowBlock];
   int64_t row[kArrowBlock];
   std::vector<std::pair<int64_t, std::shared_ptr<const Decoded>>> held;  // this block's groups
+  std::shared_ptr<ArrowStringLists> lists;
+  if (!string_plans_.empty()) {
+    lists = arrow_string_lists(string_plans_, r.count);
+    if (r.extras) *r.extras = lists;
+  }
   for (int64_t b = 0; b < r.count; b += kArrowBlock) {
     const int64_t n = std::min(kArrowBlock, r.count - b);
     held.clear();
@@ -135,13 +142,17 @@ void RowGroupSource::fill(const FillRequest& r) {
       row[i] = local - d.table->starts()[chunk[i]];
       of_row[i] = &d;
     }
-    size_t p = 0;
+    size_t p = 0, k = 0;
     for (size_t c = 0; c < columns_.size(); ++c) {
       const ArrowColumnPlan& col = columns_[c];
       bool plain = true;
       for (int64_t i = 0; i < n; ++i) {
         views[i] = &of_row[i]->views[c][chunk[i]];
         plain = plain && views[i]->plain();
+      }
+      if (col.request.as_list) {
+        collect_arrow_strings(col, views, row, n, *lists, k++);
+        continue;
       }
       std::byte* dst = r.parts[p++] + b * col.row_bytes;
       int64_t* lengths = col.is_list() ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;

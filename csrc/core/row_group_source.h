@@ -32,6 +32,7 @@ class RowGroupSource final : public BatchSource {
                  int64_t budget_bytes, int min_groups);
   const std::vector<PartSchema>& schema() const override { return parts_; }
   int64_t size() const override { return starts_.back(); }
+  bool has_string_lists() const { return !string_plans_.empty(); }
   void fill(const FillRequest& request) override;
 
   int64_t decodes() const { return decodes_.load(); }  // groups decoded so far (a group again after eviction counts again)
@@ -54,6 +55,7 @@ class RowGroupSource final : public BatchSource {
 
   std::shared_ptr<const ArrowTable> schema_table_;
   std::vector<ArrowColumnPlan> columns_;
+  std::vector<const ArrowColumnPlan*> string_plans_;
   std::vector<PartSchema> parts_;
   std::vector<int64_t> starts_{0};
   std::vector<std::string> names_;

@@ -112,8 +112,11 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
             raise ValueError(f"{what} column {name!r} holds nulls (the first at row {info['first_null']}): pass "
                              f"fill_null={{{name!r}: value}} (with_valid=True adds {name + '_valid'!r}), or "
                              "drop it with columns=[...]")
-        requests.append(_request(name, info, pads, lengths, fills, with_valid, longest, what))
+        request = _request(name, info, pads, lengths, fills, with_valid, longest, what)
+        requests.append(request)
         names.append(name)
+        if request[6]:  # a list of values: no lengths, None where a null was
+            continue
         if info["kind"] in ("list", "bytes"):
             names.append(_C.ragged_lengths_name(name))
         if with_valid and name in fills:
@@ -149,18 +152,15 @@ def _request(name: str, info: dict, pads: dict, lengths: dict, fills: dict, with
     kind = info["kind"]
     fill = name in fills
     if kind in ("list", "bytes"):
-        if fill and fills[name] not in ([], "", b"", None):
+        if fill and fills[name] not in ([], "", b"", None):  # noqa: PLR6201
             raise ValueError(f"fill_null[{name!r}]: a null row of a list or string column becomes an empty row "
                              f"(lengths 0): give [], got {fills[name]!r}")
         if name in lengths:
             n = lengths[name]
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n <= 0:
                 raise ValueError(f"max_length[{name!r}] must be a positive int, got {n!r}")
-        elif kind == "bytes":
-            raise ValueError(f"{what} column {name!r} holds {info['type']} values: pass max_length={{{name!r}: n}} "
-                             "to get its UTF-8 bytes padded natively as uint8 with "
-                             f"{_C.ragged_lengths_name(name)!r} (a Python list of strings per batch is not "
-                             f"supported yet), or {_WAY_OUT}")
+        elif kind == "bytes":  # a Python list of the batch's values (str, or bytes for binary)
+            return (name, 0, b"\0", fill, b"", False, True)
         elif longest is None:
             raise ValueError(f"{what} column {name!r} is a {info['type']}: pass max_length={{{name!r}: n}} (its "
                              "longest row is not known without decoding every row group), or drop it with "
@@ -168,11 +168,11 @@ def _request(name: str, info: dict, pads: dict, lengths: dict, fills: dict, with
         else:
             n = max(1, longest(name))
         pad_bytes = _scalar_bytes("pad", name, pads.get(name, 0), dtype)
-        return (name, int(n), pad_bytes, fill, b"", with_valid and fill)
+        return (name, int(n), pad_bytes, fill, b"", with_valid and fill, False)
     if name in lengths:
         raise ValueError(f"max_length[{name!r}]: column {name!r} is {info['type']}, not a list or string")
     fill_bytes = _scalar_bytes("fill_null", name, fills[name], dtype, info["item_shape"]) if fill else b""
-    return (name, 0, b"\0", fill, fill_bytes, with_valid and fill)
+    return (name, 0, b"\0", fill, fill_bytes, with_valid and fill, False)
 
 
 class Arrow:
@@ -183,7 +183,8 @@ class Arrow:
     Hugging Face dataset after `select` / `shuffle` is read through its indices mapping, and its
     `with_format(...)` is ignored. Column types (see docs/arrow.md): fixed-width numbers and bool
     -> (batch,); fixed-size lists (nested) -> (batch, n, ...); list / large_list -> padded to the
-    longest row (or `max_length`) with `<name>_lengths`; string / binary with `max_length` -> UTF-8
+    longest row (or `max_length`) with `<name>_lengths`; string / binary -> a Python list of the
+    batch's values (str / bytes, built natively once per batch), or with `max_length` the UTF-8
     bytes padded as uint8 with `<name>_lengths`; struct columns flatten to `parent.child`;
     dictionary columns are decoded.
 
@@ -192,10 +193,12 @@ class Arrow:
         columns: the columns to read (a struct's name selects all its fields); default all.
         pad: the pad value of list and string columns (one for all, or a dict by column).
         max_length: the padded length of list and string columns (one for all, or a dict by
-            column; rows are cut to it). Needed for strings; a list column without it is padded
-            to its longest row, which reads its offsets once here.
-        fill_null: {column: value} for columns holding nulls (a null list or string becomes an
-            empty row: give []). A column with nulls and no fill is refused.
+            column; rows are cut to it). A string column with it gives padded bytes instead of
+            a list; a list column without it is padded to its longest row, which reads its
+            offsets once here.
+        fill_null: {column: value} for columns holding nulls (a null list or padded string
+            becomes an empty row: give []; a string given as a list has None there). A column
+            with nulls and no fill is refused.
         with_valid: add `<name>_valid` (bool, False where the row was null) for every column in
             fill_null.
     """
@@ -224,6 +227,7 @@ class Arrow:
         if self._rows == 0:
             raise ValueError("the Arrow data has no rows")
         self._fingerprint_files = [_file_state(f) for f in self._files]
+        self.string_lists = [r[0] for r in self._requests if r[6]]
         self._native = _C.ArrowSource(self._table, self._requests, self._indices,
                                       (self._table, self._indices, self._producer))
 

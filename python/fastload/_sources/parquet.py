@@ -68,7 +68,7 @@ class Parquet:
     is decoded about once per epoch; ``order="random"`` is allowed and decodes a row group for
     nearly every row while the cache cannot hold the data (see docs/arrow.md for its cost).
     ``partition="shards"`` gives whole row groups to each rank. Types are as for fl.Arrow; list
-    and string columns need ``max_length`` (their longest row is unknown without decoding).
+    columns need ``max_length`` (their longest row is unknown without decoding).
 
     Args:
         path: a file, a directory of part files, or a list of them. All files share one schema.
@@ -111,6 +111,7 @@ class Parquet:
         self._schema_table = _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__())
         self._selected, self._requests, self._names = plan_columns(
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
+        self.string_lists = [r[0] for r in self._requests if r[6]]
         self._read = [f.name for f in schema if any(n == f.name or n.startswith(f.name + ".") for n in self._selected)]
         self._check_null_counts(pq, fill_null or {})
         self._rows = rows
