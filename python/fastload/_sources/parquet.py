@@ -6,7 +6,6 @@ and gather its rows natively from there. pyarrow is imported only here."""
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any, Mapping, Sequence
 
 from .. import _C
@@ -93,6 +92,7 @@ class Parquet:
         schema = None
         self._groups: list[tuple[int, int]] = []  # (file, row group) of each shard
         rows: list[int] = []
+        metas = []
         for k, p in enumerate(self._paths):
             try:
                 f = pq.ParquetFile(p)
@@ -104,6 +104,7 @@ class Parquet:
                 raise ValueError(f"{p} has another schema than {self._paths[0]}: all files of a Parquet source "
                                  f"share one\n{f.schema_arrow}\nvs\n{schema}")
             meta = f.metadata
+            metas.append(meta)
             for g in range(meta.num_row_groups):
                 self._groups.append((k, g))
                 rows.append(meta.row_group(g).num_rows)
@@ -113,12 +114,11 @@ class Parquet:
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
         self.string_lists = [r[0] for r in self._requests if r[6]]
         self._read = [f.name for f in schema if any(n == f.name or n.startswith(f.name + ".") for n in self._selected)]
-        self._check_null_counts(pq, fill_null or {})
+        self._check_null_counts(metas, fill_null or {})
         self._rows = rows
         if sum(rows) == 0:
             raise ValueError(f"the Parquet files at {path} hold no rows")
         self._cache_bytes = cache_bytes
-        self._local = threading.local()
         names = [f"row group {g} of {self._paths[k]}" for k, g in self._groups]
         # order="block" shuffles within windows of consecutive row groups (at least _WINDOW_SHARDS, and
         # enough to hold _BLOCK_SIZE rows): keep two windows decoded whatever the budget.
@@ -129,15 +129,14 @@ class Parquet:
         self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names, self._decode, cache_bytes,
                                          2 * window, (self._schema_table,))
 
-    def _check_null_counts(self, pq: Any, fills: Mapping[str, Any]) -> None:
+    def _check_null_counts(self, metas: list, fills: Mapping[str, Any]) -> None:
         """Nulls in a flat column are refused here from the row groups' statistics where the
         writer kept them (others are found when their row group is decoded)."""
         flat = {n for n in self._selected if n not in fills and "." not in n}
         if not flat:
             return
         start = 0
-        for k, p in enumerate(self._paths):
-            meta = pq.ParquetFile(p).metadata
+        for p, meta in zip(self._paths, metas):
             for g in range(meta.num_row_groups):
                 rg = meta.row_group(g)
                 for j in range(rg.num_columns):
@@ -150,13 +149,10 @@ class Parquet:
                 start += rg.num_rows
 
     def _file(self, k: int) -> Any:
-        # One reader per file and thread: a ParquetFile is not shared between decoding threads.
-        files = self._local.__dict__.setdefault("files", {})
-        f = files.get(k)
-        if f is None:
-            pq = _import_pyarrow()
-            f = files[k] = pq.ParquetFile(self._paths[k], memory_map=True)
-        return f
+        # A reader per decode: a ParquetFile is not shared between decoding threads, and a
+        # collation thread's Python state does not outlive its call (so no per-thread cache).
+        # Opening reads the footer only: small beside decoding a row group.
+        return _import_pyarrow().ParquetFile(self._paths[k], memory_map=True)
 
     def _decode(self, group: int) -> tuple[Any, int]:
         k, g = self._groups[group]
