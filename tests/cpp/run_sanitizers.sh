@@ -8,6 +8,8 @@
 #   test_lazy_mappings  the core with tests/cpp/test_lazy_mappings.cpp (files mapped on demand)
 #   test_stream    step-based sampling (mixture schedule, stream plans, mixed sources) with
 #                  tests/cpp/test_stream.cpp
+#   test_arrow     the Arrow sources (arrays built by hand; the row-group cache from threads) with
+#                  tests/cpp/test_arrow.cpp
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
 #                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
 #                  under the same sanitizer (a TSan-instrumented .so for the TSan build) and
@@ -36,7 +38,7 @@ mkdir -p "$build"
 common=(-std=c++17 -O1 -g -fno-var-tracking -pthread -Wall -Wextra -I"$repo/csrc")
 core_sources=("$repo"/csrc/core/*.cpp)
 cuda_sources=("$repo"/csrc/cuda/*.cpp)
-binaries=(test_core test_lazy_mappings test_transfer test_stream)
+binaries=(test_core test_lazy_mappings test_transfer test_stream test_arrow)
 
 flags_for() {
   case "$1" in
@@ -62,7 +64,7 @@ compile() {
   obj() { echo "$dir/$(basename "${1%.cpp}").o"; }
   # shellcheck disable=SC2046
   for src in "${core_sources[@]}" "${cuda_sources[@]}" "$here/test_core.cpp" "$here/test_lazy_mappings.cpp" \
-             "$here/test_transfer.cpp" "$here/test_stream.cpp"; do
+             "$here/test_transfer.cpp" "$here/test_stream.cpp" "$here/test_arrow.cpp"; do
     "$cxx" "${common[@]}" $(flags_for "$name") -c "$src" -o "$(obj "$src")" &
     pids+=($!)
   done
@@ -87,6 +89,9 @@ compile() {
   pids+=($!)
   # shellcheck disable=SC2046
   "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_stream.o" -o "$dir/test_stream" &
+  pids+=($!)
+  # shellcheck disable=SC2046
+  "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "$dir/test_arrow.o" -o "$dir/test_arrow" &
   pids+=($!)
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   return "$rc"
