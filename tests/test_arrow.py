@@ -419,3 +419,23 @@ def test_parquet_strings_as_lists(tmp_path):
     src = fl.Parquet(tmp_path / "s.parquet")
     assert sum(check_batch(b, t) for b in fl.Loader(src, batch_size=10, shuffle=True, with_index=True,
                                                     device="cpu", num_threads=2)) == 100
+
+
+def test_even_modes_over_ranks():
+    table = mixed_table(rows=101, chunks=3)
+    for even in ("pad", "drop", "mask"):
+        seen = []
+        for rank in range(4):
+            loader = fl.Loader(fl.Arrow(table, ["id"]), batch_size=8, shuffle=True, rank=rank, world_size=4,
+                               even=even, with_index=True, device="cpu")
+            lens = []
+            for b in loader:
+                np.testing.assert_array_equal(b["id"].numpy(), b["index"].numpy())
+                keep = b["valid"].numpy() if even == "mask" else np.ones(len(b["id"]), bool)
+                seen += b["id"].numpy()[keep].tolist()
+                lens.append(len(b["id"]))
+            assert len(lens) == len(loader)
+        if even == "drop":
+            assert len(set(seen)) == len(seen) == 100
+        else:
+            assert set(seen) == set(range(101))

@@ -16,8 +16,9 @@ from .. import _C
 __all__ = ["Arrow", "is_arrow_data", "plan_columns"]
 
 _RESERVED = tuple(_C.RESERVED_NAMES)
-_WAY_OUT = ("drop it with columns=[...], or pass the data as a Python dataset (an object with __getitem__, "
-            "e.g. the Hugging Face dataset wrapped in a class that decodes it)")
+_WAY_OUT = ("drop it with columns=[...] (fl.Arrow(data, columns=[...]) or fl.Parquet(path, columns=[...])), or "
+            "pass the data as a Python dataset (an object with __getitem__, e.g. the Hugging Face dataset wrapped "
+            "in a class that decodes it)")
 _DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64, (1, 8): np.uint8,
            (1, 16): np.uint16, (1, 32): np.uint32, (1, 64): np.uint64, (2, 16): np.float16, (2, 32): np.float32,
            (2, 64): np.float64, (6, 8): np.bool_}
