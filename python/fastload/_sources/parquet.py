@@ -72,9 +72,9 @@ class Parquet:
     Args:
         path: a file, a directory of part files, or a list of them. All files share one schema.
         columns, pad, max_length, fill_null, with_valid: as for fl.Arrow.
-        cache_bytes: the budget of decoded row groups kept in memory (default 512 MiB). Two
-            windows of order="block" (each at least 4 row groups and 4096 rows) and two row
-            groups per collation thread are kept whatever their size.
+        cache_bytes: the budget of decoded row groups kept in memory (default 512 MiB). A
+            window of order="block" (at least 4 row groups and 4096 rows) and two row groups
+            per collation thread are kept whatever their size.
     """
 
     default_order = "block"
@@ -121,13 +121,13 @@ class Parquet:
         self._cache_bytes = cache_bytes
         names = [f"row group {g} of {self._paths[k]}" for k, g in self._groups]
         # order="block" shuffles within windows of consecutive row groups (at least _WINDOW_SHARDS, and
-        # enough to hold _BLOCK_SIZE rows): keep two windows decoded whatever the budget.
+        # enough to hold _BLOCK_SIZE rows): keep a window decoded whatever the budget.
         from .._loader import _BLOCK_SIZE, _WINDOW_SHARDS  # noqa: PLC0415 - the loader imports this package
 
         mean_rows = max(1, sum(rows) // max(1, sum(1 for r in rows if r)))
         window = max(_WINDOW_SHARDS, -(-_BLOCK_SIZE // mean_rows))
         self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names, self._decode, cache_bytes,
-                                         2 * window, (self._schema_table,))
+                                         window, (self._schema_table,))
 
     def _check_null_counts(self, metas: list, fills: Mapping[str, Any]) -> None:
         """Nulls in a flat column are refused here from the row groups' statistics where the
