@@ -85,31 +85,42 @@ void RowGroupSource::evict_locked(int64_t keep) {
   }
 }
 
-std::shared_ptr<const RowGroupSource::Decoded> RowGroupSource::acquire(int64_t g) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto it = cache_.find(g);
-  if (it != cache_.end()) {
-    it->second.used = ++clock_;
-    std::shared_future<std::shared_ptr<const Decoded>> ready = it->second.ready;
-    lock.unlock();
-    return ready.get();  // rethrows the decode's exception to every thread that waited for it
+void RowGroupSource::acquire(const std::vector<int64_t>& groups, std::vector<std::shared_ptr<const Decoded>>& out) {
+  using Promise = std::promise<std::shared_ptr<const Decoded>>;
+  std::vector<std::shared_future<std::shared_ptr<const Decoded>>> ready(groups.size());
+  std::vector<std::pair<size_t, Promise>> mine;  // (index in groups, promise) of the groups claimed here
+  mine.reserve(groups.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      auto it = cache_.find(groups[i]);
+      if (it == cache_.end()) {
+        mine.emplace_back(i, Promise());
+        Entry& e = cache_[groups[i]];
+        e.ready = mine.back().second.get_future().share();
+        it = cache_.find(groups[i]);
+      }
+      it->second.used = ++clock_;
+      ready[i] = it->second.ready;
+    }
   }
-  std::promise<std::shared_ptr<const Decoded>> promise;
-  Entry& e = cache_[g];
-  e.ready = promise.get_future().share();
-  e.used = ++clock_;
-  lock.unlock();
-  try {
-    std::shared_ptr<const Decoded> d = decode(g);
-    promise.set_value(d);
-    return d;
-  } catch (...) {
-    lock.lock();
-    cache_.erase(g);  // a later batch tries again (and fails again with the same message)
-    lock.unlock();
-    promise.set_exception(std::current_exception());
-    throw;
+  for (size_t k = 0; k < mine.size(); ++k) {
+    try {
+      mine[k].second.set_value(decode(groups[mine[k].first]));
+    } catch (...) {
+      // This group and the ones not decoded yet fail alike (a later batch tries them again):
+      // no thread may wait for a promise nobody will keep.
+      const std::exception_ptr error = std::current_exception();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t j = k; j < mine.size(); ++j) cache_.erase(groups[mine[j].first]);
+      }
+      for (size_t j = k; j < mine.size(); ++j) mine[j].second.set_exception(error);
+      std::rethrow_exception(error);
+    }
   }
+  out.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) out[i] = ready[i].get();  // rethrows another thread's failed decode
 }
 
 void RowGroupSource::fill(const FillRequest& r) {
@@ -119,7 +130,9 @@ void RowGroupSource::fill(const FillRequest& r) {
   const Decoded* of_row[kArrowBlock];
   size_t chunk[kArrowBlock];
   int64_t row[kArrowBlock];
-  std::vector<std::pair<int64_t, std::shared_ptr<const Decoded>>> held;  // this block's groups
+  std::vector<int64_t> groups;                           // this block's distinct groups, sorted
+  std::vector<std::shared_ptr<const Decoded>> held;      // and their decoded arrays
+  int64_t group_of[kArrowBlock];
   std::shared_ptr<ArrowStringLists> lists;
   if (!string_plans_.empty()) {
     lists = arrow_string_lists(string_plans_, r.count);
@@ -127,17 +140,18 @@ void RowGroupSource::fill(const FillRequest& r) {
   }
   for (int64_t b = 0; b < r.count; b += kArrowBlock) {
     const int64_t n = std::min(kArrowBlock, r.count - b);
-    held.clear();
+    groups.clear();
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = r.ids[b + i];
-      const int64_t g = static_cast<int64_t>(arrow_chunk_of(starts_, id));
-      auto found = std::find_if(held.begin(), held.end(), [&](const auto& h) { return h.first == g; });
-      if (found == held.end()) {
-        held.emplace_back(g, acquire(g));
-        found = held.end() - 1;
-      }
-      const Decoded& d = *found->second;
-      const int64_t local = id - starts_[g];
+      group_of[i] = static_cast<int64_t>(arrow_chunk_of(starts_, r.ids[b + i]));
+      groups.push_back(group_of[i]);
+    }
+    std::sort(groups.begin(), groups.end());
+    groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+    acquire(groups, held);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = group_of[i];
+      const Decoded& d = *held[static_cast<size_t>(std::lower_bound(groups.begin(), groups.end(), g) - groups.begin())];
+      const int64_t local = r.ids[b + i] - starts_[g];
       chunk[i] = arrow_chunk_of(d.table->starts(), local);
       row[i] = local - d.table->starts()[chunk[i]];
       of_row[i] = &d;

@@ -49,7 +49,9 @@ class RowGroupSource final : public BatchSource {
     uint64_t used = 0;
     bool done = false;
   };
-  std::shared_ptr<const Decoded> acquire(int64_t group);
+  // Claims the groups no thread has claimed yet and decodes them, then waits for the others'
+  // decodes: threads that need the same few groups (a block window's) decode them in parallel.
+  void acquire(const std::vector<int64_t>& groups, std::vector<std::shared_ptr<const Decoded>>& out);
   std::shared_ptr<const Decoded> decode(int64_t group);
   void evict_locked(int64_t keep);
 

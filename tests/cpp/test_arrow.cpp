@@ -232,4 +232,40 @@ TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {
   CHECK(g_live.load() == 0);
 }
 
+TEST_CASE(row_group_decode_failure_fails_its_batches_and_no_thread_waits_forever) {
+  {
+    constexpr int64_t kRows = 20;
+    auto schema = batch_table(0, 1);
+    RowGroupSource::Decode decode = [&](int64_t g, int64_t* bytes) -> std::shared_ptr<ArrowTable> {
+      *bytes = 10;
+      if (g == 2) throw std::invalid_argument("group 2 is broken");
+      return batch_table(g * kRows, kRows);
+    };
+    RowGroupSource src(schema, requests(2), std::vector<int64_t>(6, kRows), std::vector<std::string>(6, "group"),
+                       decode, 1 << 20, 1);
+    std::atomic<int> failed{0}, passed{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        for (int b = 0; b < 20; ++b) {
+          // Every batch needs group 2 and another group, in several orders.
+          std::vector<int64_t> ids{(b * 7 + t) % 20 + kRows * ((b + t) % 6), 2 * kRows + b % kRows};
+          if (b % 2) std::swap(ids[0], ids[1]);
+          try {
+            fill_and_check(src, ids, 2, t);
+            ++passed;
+          } catch (const std::invalid_argument& e) {
+            if (std::strstr(e.what(), "group 2 is broken")) ++failed;
+          }
+        }
+        std::vector<int64_t> fine{0, 5 * kRows + 3, kRows + 1};
+        fill_and_check(src, fine, 2, t);
+      });
+    for (auto& th : threads) th.join();
+    CHECK(failed.load() == 60);
+    CHECK(passed.load() == 0);
+  }
+  CHECK(g_live.load() == 0);
+}
+
 int main(int argc, char** argv) { return harness::run_cases(argc, argv, "test_arrow"); }
