@@ -24,6 +24,8 @@
 #include "bindings/stream.h"
 #include "bindings/testing.h"
 #include "bindings/without_gil.h"
+#include "core/arrow_source.h"
+#include "core/row_group_source.h"
 #include "cuda/driver.h"
 #include "runtime/loader_runtime.h"
 
@@ -51,6 +53,30 @@ enum class DeviceParts { Tensors, Raw, StandinTensors };
 // The Python-facing engine: the runtime, plus the source (fastload._C.BatchSource, whose Python
 // objects own the memory the threads read and the dataset they call) and what Python needs to
 // build tensors.
+// An Arrow source's string columns asked for as lists: one Python list of str (bytes for binary;
+// None for a filled null) per column, built here in one pass over the batch's values.
+void add_string_lists(py::dict& d, const ArrowStringLists& lists) {
+  for (size_t k = 0; k < lists.names.size(); ++k) {
+    const std::vector<int64_t>& o = lists.offsets[k];
+    const char* bytes = lists.bytes[k].data();
+    const size_t rows = o.size() - 1;
+    py::list out(rows);
+    for (size_t i = 0; i < rows; ++i) {
+      PyObject* item;
+      if (!lists.valid[k][i]) {
+        item = Py_NewRef(Py_None);
+      } else if (lists.utf8[k]) {
+        item = PyUnicode_DecodeUTF8(bytes + o[i], o[i + 1] - o[i], "replace");
+      } else {
+        item = PyBytes_FromStringAndSize(bytes + o[i], o[i + 1] - o[i]);
+      }
+      if (!item) throw py::error_already_set();
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item);
+    }
+    d[py::str(lists.names[k])] = std::move(out);
+  }
+}
+
 class PyEngine {
  public:
   // `layout`: the batch layout the Python side built for this source (fastload._C.BatchLayout);
@@ -73,6 +99,8 @@ class PyEngine {
     o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
+    if (auto a = std::dynamic_pointer_cast<ArrowSource>(source.source)) string_lists_ = a->has_string_lists();
+    if (auto g = std::dynamic_pointer_cast<RowGroupSource>(source.source)) string_lists_ = g->has_string_lists();
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
     threads_call_dataset_ = python_ && !o.host_memory;  // with worker processes, they wait on sockets
     set_stop_policy();
@@ -207,6 +235,8 @@ class PyEngine {
     return run;
   }
   const std::shared_ptr<PythonSource>& python_source() const { return python_; }
+  // An Arrow source with string columns given as lists: its batches' extras are ArrowStringLists.
+  bool string_lists() const { return string_lists_; }
   void set_timeout(double seconds) {
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     set_stop_policy();
@@ -330,6 +360,7 @@ class PyEngine {
 
   py::object source_;  // the BatchSource; declared first: destroyed last, after the runtime joined its threads
   std::shared_ptr<PythonSource> python_;  // the source, when it is a Python dataset
+  bool string_lists_ = false;
   std::chrono::milliseconds timeout_{0};  // a call into the dataset longer than this fails next()
   bool threads_call_dataset_ = false;     // the collation threads call a Python dataset themselves
   std::unique_ptr<LoaderRuntime> runtime_;
@@ -425,6 +456,7 @@ class Iterator {
     } else {
       py::dict d;
       for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
+      if (engine.string_lists() && extras) add_string_lists(d, *static_cast<const ArrowStringLists*>(extras.get()));
       batch = std::move(d);
     }
     // A mixture's per-source counts move with the hand-out (O(sources), no floor sums).

@@ -14,6 +14,7 @@ PYBIND11_MODULE(_C, m) {
   fastload::register_sources(m);
   fastload::register_python_source(m);
   fastload::register_loader(m);
+  fastload::register_arrow(m);
   fastload::register_checksum(m);
   fastload::register_testing(m);
   fastload::register_file_mapping(m);

@@ -8,6 +8,7 @@ void register_stream(pybind11::module_& m);   // stream.cpp: MixSchedule, Stream
 void register_sources(pybind11::module_& m);  // source.cpp: BatchSource, ArraySource, BatchLayout
 void register_python_source(pybind11::module_& m);  // py_source.cpp: PythonSource, sample context
 void register_loader(pybind11::module_& m);   // loader.cpp: Engine, Epoch, Iterator, exit parking
+void register_arrow(pybind11::module_& m);    // arrow.cpp: ArrowTable, ArrowSource
 void register_checksum(pybind11::module_& m); // checksum.cpp: Checksum64
 void register_testing(pybind11::module_& m);  // testing.cpp: test instruments (private names)
 void register_hooks(pybind11::module_& m);    // hooks.cpp: the Python objects the bindings call

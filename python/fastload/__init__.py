@@ -10,6 +10,8 @@ from ._sources.ragged import Ragged
 from ._sources.writer import DatasetWriter, write_dataset
 from ._state import STATE_VERSION
 from ._stats import LoaderStats, SourceStats, StageStats
+from ._sources.arrow import Arrow
+from ._sources.parquet import Parquet
 from ._streams import record_stream
 from .tools.tune import TunePoint, TuneResult, tune
 
@@ -17,7 +19,7 @@ from .tools.tune import TunePoint, TuneResult, tune
 _C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_cached)
 
 __version__ = "0.1.0"
-__all__ = ["Dataset", "Windows", "Ragged", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
+__all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",
            "LoaderStats", "SourceStats", "StageStats", "STATE_VERSION",
            "tune", "TuneResult", "TunePoint", "__version__"]

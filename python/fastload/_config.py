@@ -87,7 +87,7 @@ def check_arguments(*, batch_size: Any, seed: Any = 0, shuffle: Any = False, dro
     for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("with_index", with_index)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if order not in ORDER:
+    if order is not None and order not in ORDER:
         raise ValueError(f"order must be one of {ORDER}, got {order!r}")
     if even not in EVEN:
         raise ValueError(f"even must be one of {EVEN}, got {even!r}")

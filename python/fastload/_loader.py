@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -50,7 +51,8 @@ class Loader:
         shuffle: a seeded permutation per epoch (O(1) memory); else the source's order.
         seed: the permutation's seed, an integer in [0, 2**64).
         drop_last: drop the epoch's final, shorter step instead of splitting it evenly.
-        order: with shuffle, "random" (any sample next to any) or "block" (blocks of 4096
+        order: with shuffle, "random" (any sample next to any; the default except for
+            fl.Parquet, whose default is "block") or "block" (blocks of 4096
             consecutive samples shuffled, then shuffled within: locality when data > RAM).
         rank, world_size: this process's data-parallel rank and their number; both or neither.
             None: process_group, else torch.distributed if initialised, else RANK/WORLD_SIZE,
@@ -110,7 +112,7 @@ class Loader:
     """
 
     def __init__(self, source: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False, order: str = "random", rank: int | None = None,
+                 drop_last: bool = False, order: str | None = None, rank: int | None = None,
                  world_size: int | None = None, process_group: Any = None, even: str = "pad",
                  device: Any = None, num_threads: int | None = None, prefetch: int | None = None,
                  copy_streams: int = 1, with_index: bool = False, partition: str = "samples",
@@ -132,6 +134,8 @@ class Loader:
             source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
                                worker_init_fn=worker_init_fn, seed=args.seed)
         args = python_options(args, source if isinstance(source, PythonSource) else None)
+        if args.order is None:  # "random", or what the source reads best (Parquet: "block" over its row groups)
+            args = replace(args, order=getattr(source, "default_order", "random"))
         with_source = self._mix is not None and self._mix.with_source
         self._check_python_options(source, args.workers, args.with_index, args.even, with_source)
         self._config: LoaderConfig = resolve(args, source, rank=rank, world_size=world_size,

@@ -87,6 +87,14 @@ class Mix:
                             f"{type(sources).__name__}")
         if not parts:
             raise ValueError("a Mix needs at least one source, got none")
+        from .arrow import Arrow, is_arrow_data  # noqa: PLC0415
+
+        parts = [Arrow(p) if is_arrow_data(p) and not isinstance(p, Source) else p for p in parts]
+        for n, p in zip(names, parts):
+            if getattr(p, "string_lists", None):
+                raise ValueError(f"Mix source {n!r} gives string columns {p.string_lists} as lists of values, which a "
+                                 "Mix does not carry: pass max_length={column: n} for padded UTF-8 bytes, or drop them "
+                                 "with columns=[...]")
         if not isinstance(with_source, bool):
             raise TypeError(f"with_source must be a bool, got {with_source!r}")
         self._names = names

@@ -86,6 +86,14 @@ def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: 
             raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to {type(obj).__name__}: "
                              "an array source is gathered natively (Ragged columns pad natively)")
         return obj
+    from .arrow import Arrow, is_arrow_data  # noqa: PLC0415 - numpy only; no Arrow library
+
+    if is_arrow_data(obj):  # a Hugging Face Dataset, pyarrow Table, Polars/DuckDB result: read natively
+        given = [k for k in ("collate_fn", "worker_init_fn") if options[k] is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to Arrow data "
+                             f"({type(obj).__name__}), which is gathered natively")
+        return Arrow(obj, pad=pad, max_length=max_length)
     check_map_style(obj)
     from .python import PythonSource  # noqa: PLC0415 - only Python datasets need it
 

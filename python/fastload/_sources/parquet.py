@@ -1,0 +1,206 @@
+"""Parquet files as a fastload source: `fl.Parquet(path)` over a file, a directory of part files
+(as Spark, Ray, DuckDB, pandas and pyarrow write them) or a list of files. Row groups are the
+shards; the collation threads decode a row group when the order first reaches it (through
+pyarrow, which releases the GIL while it decodes) into a bounded cache of decoded row groups,
+and gather its rows natively from there. pyarrow is imported only here."""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from .. import _C
+from .arrow import plan_columns
+
+__all__ = ["Parquet"]
+
+_DEFAULT_CACHE_BYTES = 512 << 20
+
+
+def _import_pyarrow() -> Any:
+    try:
+        import pyarrow.parquet as pq  # noqa: PLC0415 - only Parquet needs it
+    except ImportError:
+        raise ImportError("fl.Parquet decodes row groups with pyarrow: pip install 'fastload[arrow]'") from None
+    return pq
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "_"))  # _SUCCESS, _metadata, .crc files, _temporary/
+
+
+def parquet_files(path: Any) -> list[str]:
+    """The files of a path (a file, a directory searched recursively in name order, skipping hidden
+    and `_`-prefixed entries such as _SUCCESS), or of a list of paths."""
+    if isinstance(path, (list, tuple)):
+        if not path:
+            raise ValueError("path must name at least one Parquet file, got an empty list")
+        out: list[str] = []
+        for p in path:
+            out += parquet_files(p)
+        return out
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file, a directory or a list of them, got {type(path).__name__}")
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no Parquet file or directory at {path}")
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not _hidden(d))
+        found += [os.path.join(root, f) for f in sorted(files) if not _hidden(f) and not f.endswith(".crc")]
+    if not found:
+        raise ValueError(f"the directory {path} holds no Parquet files")
+    return found
+
+
+def _file_state(path: str) -> tuple[str, int, int, int]:
+    st = os.stat(path)
+    return (path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+class Parquet:
+    """Parquet files read natively, row group by row group.
+
+    Row groups are the shards: with ``shuffle=True`` the Loader's default order for a Parquet
+    source is ``order="block"`` (windows of row groups, shuffled within), so that each row group
+    is decoded about once per epoch; ``order="random"`` is allowed and decodes a row group for
+    nearly every row while the cache cannot hold the data (see docs/arrow.md for its cost).
+    ``partition="shards"`` gives whole row groups to each rank. Types are as for fl.Arrow; list
+    columns need ``max_length`` (their longest row is unknown without decoding).
+
+    Args:
+        path: a file, a directory of part files, or a list of them. All files share one schema.
+        columns, pad, max_length, fill_null, with_valid: as for fl.Arrow.
+        cache_bytes: the budget of decoded row groups kept in memory (default 512 MiB). A
+            window of order="block" (at least 4 row groups and 4096 rows) and two row groups
+            per collation thread are kept whatever their size.
+    """
+
+    default_order = "block"
+
+    def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
+                 fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
+                 cache_bytes: int | None = None):
+        pq = _import_pyarrow()
+        self._paths = parquet_files(path)
+        self._states = [_file_state(p) for p in self._paths]
+        if cache_bytes is None:
+            cache_bytes = _DEFAULT_CACHE_BYTES
+        if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
+        schema = None
+        self._groups: list[tuple[int, int]] = []  # (file, row group) of each shard
+        rows: list[int] = []
+        metas = []
+        for k, p in enumerate(self._paths):
+            try:
+                f = pq.ParquetFile(p)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+                raise ValueError(f"{p} is not a readable Parquet file ({e})") from None
+            if schema is None:
+                schema = f.schema_arrow
+            elif not f.schema_arrow.equals(schema, check_metadata=False):
+                raise ValueError(f"{p} has another schema than {self._paths[0]}: all files of a Parquet source "
+                                 f"share one\n{f.schema_arrow}\nvs\n{schema}")
+            meta = f.metadata
+            metas.append(meta)
+            for g in range(meta.num_row_groups):
+                self._groups.append((k, g))
+                rows.append(meta.row_group(g).num_rows)
+        self._schema = schema
+        self._schema_table = _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__())
+        self._selected, self._requests, self._names = plan_columns(
+            self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
+        self.string_lists = [r[0] for r in self._requests if r[6]]
+        self._read = [f.name for f in schema if any(n == f.name or n.startswith(f.name + ".") for n in self._selected)]
+        self._check_null_counts(metas, fill_null or {})
+        self._rows = rows
+        if sum(rows) == 0:
+            raise ValueError(f"the Parquet files at {path} hold no rows")
+        self._cache_bytes = cache_bytes
+        names = [f"row group {g} of {self._paths[k]}" for k, g in self._groups]
+        # order="block" shuffles within windows of consecutive row groups (at least _WINDOW_SHARDS, and
+        # enough to hold _BLOCK_SIZE rows): keep a window decoded whatever the budget.
+        from .._stream import BLOCK_SIZE as _BLOCK_SIZE, WINDOW_SHARDS as _WINDOW_SHARDS  # noqa: PLC0415
+
+        mean_rows = max(1, sum(rows) // max(1, sum(1 for r in rows if r)))
+        window = max(_WINDOW_SHARDS, -(-_BLOCK_SIZE // mean_rows))
+        self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names, self._decode, cache_bytes,
+                                         window, (self._schema_table,))
+
+    def _check_null_counts(self, metas: list, fills: Mapping[str, Any]) -> None:
+        """Nulls in a flat column are refused here from the row groups' statistics where the
+        writer kept them (others are found when their row group is decoded)."""
+        flat = {n for n in self._selected if n not in fills and "." not in n}
+        if not flat:
+            return
+        start = 0
+        for p, meta in zip(self._paths, metas):
+            for g in range(meta.num_row_groups):
+                rg = meta.row_group(g)
+                for j in range(rg.num_columns):
+                    c = rg.column(j)
+                    if c.path_in_schema in flat and c.is_stats_set and c.statistics.has_null_count \
+                            and c.statistics.null_count > 0:
+                        raise ValueError(f"Parquet column {c.path_in_schema!r} holds nulls ({c.statistics.null_count} "
+                                         f"in row group {g} of {p}, rows {start}..{start + rg.num_rows - 1}): pass "
+                                         f"fill_null={{{c.path_in_schema!r}: value}} or drop it with columns=[...]")
+                start += rg.num_rows
+
+    def _file(self, k: int) -> Any:
+        # A reader per decode: a ParquetFile is not shared between decoding threads, and a
+        # collation thread's Python state does not outlive its call (so no per-thread cache).
+        # Opening reads the footer only: small beside decoding a row group.
+        return _import_pyarrow().ParquetFile(self._paths[k], memory_map=True)
+
+    def _decode(self, group: int) -> tuple[Any, int]:
+        k, g = self._groups[group]
+        path = self._paths[k]
+        if _file_state(path) != self._states[k]:
+            raise ValueError(f"the Parquet file {path} was rewritten since the source was opened: open it again")
+        table = self._file(k).read_row_group(g, columns=self._read, use_threads=False)
+        return table.__arrow_c_stream__(), table.nbytes
+
+    def __len__(self) -> int:
+        return sum(self._rows)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    @property
+    def shard_rows(self) -> list[int]:
+        """Rows per row group, over the files in order."""
+        return list(self._rows)
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._paths)
+
+    def native_source(self) -> Any:
+        return self._native
+
+    def decode_stats(self) -> tuple[int, int]:
+        """(row groups decoded so far, bytes of decoded row groups cached now)."""
+        return tuple(_C.row_group_decodes(self._native))  # type: ignore[return-value]
+
+    def fingerprint(self) -> Any:
+        return list(self._states)
+
+    def check_fingerprint(self, fp: Any) -> None:
+        for path, size, mtime, inode in fp:
+            try:
+                now = _file_state(path)
+            except OSError as e:
+                raise ValueError(f"the Parquet file {path} is gone ({e}): open the files again") from None
+            if now != (path, size, mtime, inode):
+                raise ValueError(f"the Parquet file {path} was rewritten since the source was opened (size {size} -> "
+                                 f"{now[1]}): open it again and build a new Loader")
+
+    def __reduce__(self) -> Any:
+        raise TypeError("fl.Parquet is read in this process only: it cannot be pickled")
+
+    def __repr__(self) -> str:
+        return (f"Parquet({len(self)} rows in {len(self._rows)} row groups of {len(self._paths)} files; "
+                f"{', '.join(self._selected)})")

@@ -1,0 +1,271 @@
+// The Arrow sources without Python: arrays built by hand through the C data interface (offsets,
+// validity, dictionaries, fixed-size lists), ArrowSource against a reference computed here, and
+// RowGroupSource's cache of decoded groups filled from several threads at once (a small budget,
+// so that groups are decoded, evicted and decoded again while others gather from them).
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <thread>
+
+#include "core/arrow_source.h"
+#include "core/row_group_source.h"
+#include "harness.h"
+
+using namespace fastload;
+
+namespace {
+
+std::atomic<int64_t> g_live{0};  // arrays and schemas not yet released
+
+// A schema node owning its strings and children; released (deleted) from the root.
+struct SchemaNode {
+  std::string format, name;
+  std::vector<std::unique_ptr<SchemaNode>> kids;
+  std::vector<ArrowSchema*> kid_ptrs;
+  ArrowSchema s{};
+};
+void release_schema(ArrowSchema* s) {
+  delete static_cast<SchemaNode*>(s->private_data);
+  s->release = nullptr;
+  --g_live;
+}
+std::unique_ptr<SchemaNode> field(const std::string& format, const std::string& name,
+                                  std::vector<std::unique_ptr<SchemaNode>> kids = {}) {
+  auto n = std::make_unique<SchemaNode>();
+  n->format = format, n->name = name, n->kids = std::move(kids);
+  for (auto& k : n->kids) n->kid_ptrs.push_back(&k->s);
+  n->s.format = n->format.c_str();
+  n->s.name = n->name.c_str();
+  n->s.n_children = static_cast<int64_t>(n->kids.size());
+  n->s.children = n->kid_ptrs.data();
+  return n;
+}
+ArrowSchema root_schema(std::unique_ptr<SchemaNode> root) {
+  SchemaNode* n = root.release();
+  ArrowSchema out = n->s;
+  out.private_data = n;
+  out.release = release_schema;
+  ++g_live;
+  return out;
+}
+
+// An array node owning its buffers and children.
+struct ArrayNode {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<const void*> bufs;
+  std::vector<std::unique_ptr<ArrayNode>> kids;
+  std::vector<ArrowArray*> kid_ptrs;
+  ArrowArray a{};
+};
+void release_array(ArrowArray* a) {
+  delete static_cast<ArrayNode*>(a->private_data);
+  a->release = nullptr;
+  --g_live;
+}
+template <typename T>
+std::vector<std::byte> bytes_of(const std::vector<T>& v) {
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+// buffers: empty vector = a null buffer.
+std::unique_ptr<ArrayNode> node(int64_t length, int64_t null_count, int64_t offset,
+                                std::vector<std::vector<std::byte>> buffers,
+                                std::vector<std::unique_ptr<ArrayNode>> kids = {}) {
+  auto n = std::make_unique<ArrayNode>();
+  n->data = std::move(buffers);
+  for (auto& b : n->data) n->bufs.push_back(b.empty() ? nullptr : b.data());
+  n->kids = std::move(kids);
+  for (auto& k : n->kids) n->kid_ptrs.push_back(&k->a);
+  n->a.length = length, n->a.null_count = null_count, n->a.offset = offset;
+  n->a.n_buffers = static_cast<int64_t>(n->bufs.size());
+  n->a.buffers = n->bufs.data();
+  n->a.n_children = static_cast<int64_t>(n->kids.size());
+  n->a.children = n->kid_ptrs.data();
+  return n;
+}
+ArrowArray root_array(std::unique_ptr<ArrayNode> root) {
+  ArrayNode* n = root.release();
+  ArrowArray out = n->a;
+  out.private_data = n;
+  out.release = release_array;
+  ++g_live;
+  return out;
+}
+
+// A record batch of `rows` rows starting at global row `start`: id int64 (= global row), tokens
+// list<int32> (row r: r % 5 items, item k = r * 10 + k), flag bool (r % 3 == 0), maybe int32
+// null where r % 4 == 1, else r. Sliced by `offset` at the record batch level.
+std::shared_ptr<ArrowTable> batch_table(int64_t start, int64_t rows, int64_t offset = 0) {
+  const int64_t n = rows + offset;
+  std::vector<int64_t> id(n);
+  std::vector<int32_t> offs{0}, items;
+  std::vector<uint8_t> flags((n + 7) / 8, 0), valid((n + 7) / 8, 0);
+  std::vector<int32_t> maybe(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = start + i - offset;
+    id[i] = r;
+    for (int64_t k = 0; k < (r % 5 + 5) % 5; ++k) items.push_back(static_cast<int32_t>(r * 10 + k));
+    offs.push_back(static_cast<int32_t>(items.size()));
+    if (r % 3 == 0) flags[i / 8] |= uint8_t(1u << (i % 8));
+    if (r % 4 != 1) valid[i / 8] |= uint8_t(1u << (i % 8));
+    maybe[i] = static_cast<int32_t>(r);
+  }
+  std::vector<std::unique_ptr<ArrayNode>> cols;
+  cols.push_back(node(n, 0, 0, {{}, bytes_of(id)}));
+  std::vector<std::unique_ptr<ArrayNode>> values;
+  values.push_back(node(static_cast<int64_t>(items.size()), 0, 0, {{}, bytes_of(items)}));
+  cols.push_back(node(n, 0, 0, {{}, bytes_of(offs)}, std::move(values)));
+  cols.push_back(node(n, 0, 0, {{}, bytes_of(flags)}));
+  cols.push_back(node(n, -1, 0, {bytes_of(valid), bytes_of(maybe)}));
+  ArrowArray batch = root_array(node(rows, 0, offset, {{}}, std::move(cols)));
+  std::vector<std::unique_ptr<SchemaNode>> fields;
+  fields.push_back(field("l", "id"));
+  std::vector<std::unique_ptr<SchemaNode>> item;
+  item.push_back(field("i", "item"));
+  fields.push_back(field("+l", "tokens", std::move(item)));
+  fields.push_back(field("b", "flag"));
+  fields.push_back(field("i", "maybe"));
+  ArrowSchema schema = root_schema(field("+s", "", std::move(fields)));
+  std::vector<ArrowArray*> batches{&batch};
+  return std::make_shared<ArrowTable>(&schema, batches);
+}
+
+std::vector<ArrowColumnRequest> requests(int64_t max_items) {
+  ArrowColumnRequest id, tokens, flag, maybe;
+  id.name = "id", tokens.name = "tokens", flag.name = "flag", maybe.name = "maybe";
+  id.pad = flag.pad = maybe.pad = {std::byte{0}};
+  tokens.max_items = max_items;
+  tokens.pad = std::vector<std::byte>(4, std::byte{0xff});  // -1 as int32
+  maybe.fill = true;
+  maybe.with_valid = true;
+  const int32_t minus7 = -7;
+  maybe.fill_value = bytes_of(std::vector<int32_t>{minus7});
+  return {id, tokens, flag, maybe};
+}
+
+// Fills a batch of `ids` and checks every part against the rule the tables were built with.
+void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t max_items, int thread = 0) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<int64_t> id(n), lengths(n);
+  std::vector<int32_t> tokens(n * max_items), maybe(n);
+  std::vector<uint8_t> flag(n), valid(n);
+  std::byte* parts[] = {reinterpret_cast<std::byte*>(id.data()), reinterpret_cast<std::byte*>(tokens.data()),
+                        reinterpret_cast<std::byte*>(lengths.data()), reinterpret_cast<std::byte*>(flag.data()),
+                        reinterpret_cast<std::byte*>(maybe.data()), reinterpret_cast<std::byte*>(valid.data())};
+  CHECK(src.schema().size() == 6u);
+  FillRequest r;
+  r.ids = ids.data(), r.count = n, r.parts = parts, r.thread = thread;
+  src.fill(r);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = ids[i];
+    CHECK(id[i] == g);
+    const int64_t k = std::min<int64_t>(g % 5, max_items);
+    CHECK(lengths[i] == k);
+    for (int64_t j = 0; j < max_items; ++j) CHECK(tokens[i * max_items + j] == (j < k ? g * 10 + j : -1));
+    CHECK(flag[i] == (g % 3 == 0 ? 1 : 0));
+    CHECK(valid[i] == (g % 4 != 1 ? 1 : 0));
+    CHECK(maybe[i] == (g % 4 != 1 ? g : -7));
+  }
+}
+
+}  // namespace
+
+TEST_CASE(arrow_source_gathers_lists_bits_and_filled_nulls_from_sliced_batches) {
+  {
+    auto t = batch_table(0, 300, /*offset=*/7);
+    CHECK(t->rows() == 300);
+    CHECK(t->column("maybe").first_null == 1);
+    ArrowSource src(t, requests(3));
+    std::vector<int64_t> ids(300);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::reverse(ids.begin(), ids.end());
+    fill_and_check(src, ids, 3);
+    // Nulls without a fill are refused, naming the column and row.
+    auto reqs = requests(3);
+    reqs[3].fill = false;
+    bool refused = false;
+    try {
+      ArrowSource bad(t, reqs);
+    } catch (const std::invalid_argument& e) {
+      refused = std::strstr(e.what(), "'maybe' holds nulls (the first at row 1)") != nullptr;
+    }
+    CHECK(refused);
+  }
+  CHECK(g_live.load() == 0);  // every array and schema released with its table
+}
+
+TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {
+  {
+    constexpr int64_t kGroups = 24, kRows = 50;
+    auto schema = batch_table(0, 1);
+    std::atomic<int64_t> decoding{0};
+    RowGroupSource::Decode decode = [&](int64_t g, int64_t* bytes) {
+      ++decoding;
+      *bytes = 1000;  // a budget of 3 groups: most are evicted and decoded again
+      return batch_table(g * kRows, kRows, g % 3);
+    };
+    RowGroupSource src(schema, requests(4), std::vector<int64_t>(kGroups, kRows),
+                       std::vector<std::string>(kGroups, "group"), decode, 3000, 1);
+    std::vector<std::thread> threads;
+    std::atomic<int> done{0};
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        uint64_t x = 0x9e3779b97f4a7c15ull * (t + 1);
+        for (int b = 0; b < 60; ++b) {
+          std::vector<int64_t> ids(37);
+          for (int64_t& id : ids) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            id = static_cast<int64_t>(x % (kGroups * kRows));
+          }
+          fill_and_check(src, ids, 4, t);
+        }
+        ++done;
+      });
+    for (auto& th : threads) th.join();
+    CHECK(done.load() == 4);
+    CHECK(src.decodes() == decoding.load());
+    CHECK(src.decodes() > kGroups);  // evicted and decoded again
+    CHECK(src.cached_bytes() <= 1000 * (1 + 2 * 4));  // the floor: min_groups + 2 per thread
+  }
+  CHECK(g_live.load() == 0);
+}
+
+TEST_CASE(row_group_decode_failure_fails_its_batches_and_no_thread_waits_forever) {
+  {
+    constexpr int64_t kRows = 20;
+    auto schema = batch_table(0, 1);
+    RowGroupSource::Decode decode = [&](int64_t g, int64_t* bytes) -> std::shared_ptr<ArrowTable> {
+      *bytes = 10;
+      if (g == 2) throw std::invalid_argument("group 2 is broken");
+      return batch_table(g * kRows, kRows);
+    };
+    RowGroupSource src(schema, requests(2), std::vector<int64_t>(6, kRows), std::vector<std::string>(6, "group"),
+                       decode, 1 << 20, 1);
+    std::atomic<int> failed{0}, passed{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t)
+      threads.emplace_back([&, t] {
+        for (int b = 0; b < 20; ++b) {
+          // Every batch needs group 2 and another group, in several orders.
+          std::vector<int64_t> ids{(b * 7 + t) % 20 + kRows * ((b + t) % 6), 2 * kRows + b % kRows};
+          if (b % 2) std::swap(ids[0], ids[1]);
+          try {
+            fill_and_check(src, ids, 2, t);
+            ++passed;
+          } catch (const std::invalid_argument& e) {
+            if (std::strstr(e.what(), "group 2 is broken")) ++failed;
+          }
+        }
+        std::vector<int64_t> fine{0, 5 * kRows + 3, kRows + 1};
+        fill_and_check(src, fine, 2, t);
+      });
+    for (auto& th : threads) th.join();
+    CHECK(failed.load() == 60);
+    CHECK(passed.load() == 0);
+  }
+  CHECK(g_live.load() == 0);
+}
+
+int main(int argc, char** argv) { return harness::run_cases(argc, argv, "test_arrow"); }
