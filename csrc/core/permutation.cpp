@@ -1,6 +1,10 @@
 // Keyed Feistel permutation with cycle-walking; see permutation.h.
 #include "core/permutation.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace fastload {
 
 namespace {
@@ -149,10 +153,19 @@ __attribute__((target("avx2"))) void fill_avx2(const Network& f, Range range, ui
                                                int64_t count, int64_t* out) {
   fill_body(f, range, n, first, count, out);
 }
+// AVX2 is usable when the CPU has it (CPUID leaf 7) and the OS saves the YMM registers (XGETBV).
+// Read here rather than through __builtin_cpu_supports, whose __cpu_model lives in the compiler's
+// runtime library and cannot be linked into the shared module by every toolchain (zig's clang,
+// which builds the manylinux wheel, refuses the relocation).
 bool cpu_has_avx2() {
   static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX)) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x6) != 0x6) return false;  // the OS saves both the XMM and the YMM state
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & bit_AVX2) != 0;
   }();
   return has;
 }
