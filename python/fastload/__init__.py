@@ -10,9 +10,9 @@ from ._state import STATE_VERSION
 from ._stats import LoaderStats, SourceStats, StageStats
 from ._streams import record_stream
 from ._tune import TunePoint, TuneResult, tune
+from ._version import __version__
 from ._writer import DatasetWriter, write_dataset
 
-__version__ = "0.1.0"
 __all__ = ["Dataset", "Windows", "Ragged", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",
            "LoaderStats", "SourceStats", "StageStats", "STATE_VERSION",
