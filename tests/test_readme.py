@@ -16,8 +16,9 @@ def test_quick_start_runs_as_written(capsys):
     exec(compile(blocks[0], "README quick start", "exec"), scope)
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[-1].startswith("2 ")
-    exec(compile(blocks[1], "README quick start, arrays", "exec"), scope)  # the arrays follow-up
-    assert tuple(scope["batch"]["x"].shape) == (256, 32)
+    arrays: dict = {}  # a scope of its own: the snippet runs as written, imports included
+    exec(compile(blocks[1], "README quick start, arrays", "exec"), arrays)
+    assert tuple(arrays["batch"]["x"].shape) == (256, 32)
 
 
 def test_token_example_runs_as_written(tmp_path, monkeypatch):
