@@ -121,7 +121,7 @@ class Loader:
             set_epoch). A Mix without steps= has epochs of ceil(len(mix) / global batch) steps.
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
-    ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
+    ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and docs/api.md.
     """
 
     def __init__(self, source: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
