@@ -9,7 +9,20 @@ import pytest
 import torch
 
 
+# The quick subset (`pytest -m quick`, about a minute on two cores): the loader, the sampler, bad
+# input, resume state, the packaging metadata and the documentation's examples. Whole files, less
+# their slow, distributed and GPU tests; tests/test_quick.py keeps it small.
+QUICK_FILES = frozenset({
+    "test_loader.py", "test_sampler.py", "test_errors.py", "test_state.py", "test_metadata.py",
+    "test_readme.py", "test_readme_data.py", "test_readme_mix.py", "test_docs.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in QUICK_FILES and not {"slow", "distributed", "cuda"} & set(item.keywords):
+            item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return
     require = os.environ.get("FASTLOAD_REQUIRE_CUDA") == "1"

@@ -9,6 +9,9 @@
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fastload native core: sampler, sources, collation threads, buffers, CUDA transfers";
+  // From CMake's project version, itself from python/fastload/_version.py: a module built from
+  // other sources than the Python package beside it shows here.
+  m.attr("__version__") = FASTLOAD_VERSION;
   fastload::register_sampler(m);
   fastload::register_stream(m);
   fastload::register_sources(m);

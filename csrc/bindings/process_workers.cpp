@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <thread>
 #include <cstring>
@@ -31,6 +32,32 @@ T get(const std::string& buf, size_t* at) {
   return value;
 }
 
+// A signal's abbreviation ("KILL"), or nullptr for one not listed: sigabbrev_np says the same
+// but needs glibc 2.32, newer than the glibc 2.28 the manylinux wheel is built against.
+const char* signal_abbreviation(int sig) {
+  switch (sig) {
+    case SIGHUP: return "HUP";
+    case SIGINT: return "INT";
+    case SIGQUIT: return "QUIT";
+    case SIGILL: return "ILL";
+    case SIGTRAP: return "TRAP";
+    case SIGABRT: return "ABRT";
+    case SIGBUS: return "BUS";
+    case SIGFPE: return "FPE";
+    case SIGKILL: return "KILL";
+    case SIGUSR1: return "USR1";
+    case SIGSEGV: return "SEGV";
+    case SIGUSR2: return "USR2";
+    case SIGPIPE: return "PIPE";
+    case SIGALRM: return "ALRM";
+    case SIGTERM: return "TERM";
+    case SIGXCPU: return "XCPU";
+    case SIGXFSZ: return "XFSZ";
+    case SIGSYS: return "SYS";
+    default: return nullptr;
+  }
+}
+
 // How a process that is gone ended, from /proc/<pid>/stat while it is a zombie (field 52 is its
 // wait status); "" when that cannot be read.
 std::string exit_description(int64_t pid) {
@@ -47,7 +74,7 @@ std::string exit_description(int64_t pid) {
   const int status = std::stoi(fields.back());
   if ((status & 0x7f) != 0) {
     const int sig = status & 0x7f;
-    const char* name = sigabbrev_np(sig);
+    const char* name = signal_abbreviation(sig);
     return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
   }
   return "exited with status " + std::to_string((status >> 8) & 0xff);

@@ -6,6 +6,10 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace fastload {
 
 int64_t parse_cache_size(const char* text) {
@@ -41,11 +45,20 @@ int64_t read_sysfs_largest_cache() {
 }
 }  // namespace
 
+// AVX2 is usable when the CPU has it (CPUID leaf 7) and the OS saves the YMM registers (XGETBV).
+// Read here rather than through __builtin_cpu_supports, whose __cpu_model lives in the compiler's
+// runtime library and cannot be linked into the shared module by every toolchain (zig's clang,
+// which builds the manylinux wheel, refuses the relocation).
 bool cpu_has_avx2() {
 #if defined(__x86_64__)
   static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX)) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x6) != 0x6) return false;  // the OS saves both the XMM and the YMM state
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & bit_AVX2) != 0;
   }();
   return has;
 #else

@@ -14,11 +14,11 @@ from ._sources.arrow import Arrow
 from ._sources.parquet import Parquet
 from ._streams import record_stream
 from .tools.tune import TunePoint, TuneResult, tune
+from ._version import __version__
 
 # The Python objects the native module calls back into, handed over once (csrc/bindings/hooks.h).
 _C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_cached)
 
-__version__ = "0.1.0"
 __all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",
            "LoaderStats", "SourceStats", "StageStats", "STATE_VERSION",

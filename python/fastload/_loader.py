@@ -107,7 +107,7 @@ class Loader:
     are not (the threads share those generators): use fl.sample_rng(), or processes.
 
     Methods: ``set_epoch(e)``, ``len()``, ``plan(epoch)``, ``split(devices)``, ``state_dict()``,
-    ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and the README.
+    ``load_state_dict(sd)``, ``stats()``, ``close()``; see each one's help and docs/api.md.
     ``loader.config`` holds every setting as resolved at construction (see docs/configuration.md).
     """
 

@@ -53,7 +53,7 @@ class Mix:
     sample; each source is read in its own epochs (every sample once per epoch of that source,
     reshuffled per epoch); a source that runs out starts its next epoch (up-sampling) while the
     others go on. The order is a pure function of the configuration: no index array, any step
-    is computed directly, resume is exact (see the README, "Blending datasets").
+    is computed directly, resume is exact (see docs/blending.md).
 
     Args:
         sources: a dict of name -> source, or a list (named "0", "1", ...). A source is an

@@ -1,0 +1,69 @@
+"""The front door stays short, its links resolve, and nothing the long README documented is lost."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+PAGES = sorted((REPO / "docs").glob("*.md"))
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+# Every section heading of the README before it was split (2026-11-27), and the page holding it now.
+OLD_SECTIONS = {
+    "Set-up on a fresh machine": "install.md", "A manylinux wheel": "install.md",
+    "Quick start": "../README.md", "API": "api.md", "Sampling contract": "api.md", "Resume": "api.md",
+    "Python datasets": "python-datasets.md",
+    "Migrating from `torch.utils.data.DataLoader`": "python-datasets.md",
+    "Data on disk": "data-on-disk.md", "Dataset directories": "data-on-disk.md",
+    "Token files and windows": "data-on-disk.md", "Time series": "data-on-disk.md",
+    "Ragged columns": "data-on-disk.md", "Columns of many arrays": "data-on-disk.md",
+    "Blending datasets": "blending.md", "Distributed training": "distributed.md", "GPU": "gpu.md",
+    "Running the GPU check": "gpu.md", "Knobs and how to tune them": "tuning.md",
+    "`python -m fastload tune`": "tuning.md", "Measured results": "results.md",
+    "Architecture": "architecture.md", "Layout": "architecture.md",
+}
+
+
+def headings(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # not the comments in code
+    return {m[1].strip() for m in re.finditer(r"(?m)^#{1,6} (.+)$", text)}
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_the_readme_is_at_most_200_lines():
+    assert len(README.read_text().splitlines()) <= 200
+
+
+def test_every_relative_link_in_the_readme_and_the_docs_resolves():
+    checked = 0
+    for page in [README, *PAGES]:
+        for target in LINK.findall(page.read_text()):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            assert resolved.exists(), f"{page.name}: {target} does not exist"
+            if fragment:
+                assert fragment in {anchor(h) for h in headings(resolved)}, f"{page.name}: no #{fragment} in {path}"
+            checked += 1
+    assert checked >= 20  # the README's table of pages and each page's way back
+
+
+def test_every_old_readme_section_is_in_a_page():
+    for heading, page in OLD_SECTIONS.items():
+        assert heading in headings(REPO / "docs" / page), f"{heading!r} is not in {page}"
+
+
+def test_the_readme_links_every_page():
+    linked = {t.split("#")[0] for t in LINK.findall(README.read_text())}
+    assert {f"docs/{p.name}" for p in PAGES} <= linked
+
+
+def test_the_install_page_quotes_auditwheel_show():
+    text = " ".join((REPO / "docs" / "install.md").read_text().split())
+    assert 'is consistent with the following platform tag: "manylinux_2_27_x86_64"' in text
