@@ -186,6 +186,7 @@ def test_epoch_two_sends_no_get_when_the_dataset_fits(remote_dir, s3_server, s3_
     s3_proxy.reset_counts()
     _equal(_batches(loader, 1), _batches(fl.Loader(fl.Dataset.open(local), batch_size=100, shuffle=True, seed=1), 1))
     assert s3_proxy.total_gets() == 0
+    assert ds._fetcher._seq is None  # every file cached: no window of the plan was even computed
     s = ds.storage_stats()
     assert s.bytes_fetched == sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(local) for f in fs
                                   if f.endswith(".npy"))
@@ -817,3 +818,44 @@ def test_loader_stats_show_the_storage_counters_of_the_run(remote_dir, s3_server
     plain = fl.Loader(fl.Dataset.open(local), batch_size=100)
     _batches(plain)
     assert plain.stats().storage is None and "storage" not in str(plain.stats())
+
+
+@pytest.mark.parametrize("mode", ["epoch", "split", "resumed", "steps", "mix"])
+def test_run_order_is_the_runs_batches_then_the_next_epochs(mode):
+    """Schedule.run_order() against brute force: the ids of every batch the run hands out (all
+    devices of a step, in device order), then the next epoch's, from the step the consumer is at."""
+    x = np.arange(3000, dtype=np.int64)
+    src = fl.Dataset({"x": x})
+    kw = dict(batch_size=64, shuffle=True, seed=9, with_index=True)
+    devices = ["cpu", "cpu"] if mode == "split" else ["cpu"]
+    if mode == "steps":
+        loader = fl.Loader(src, steps=30, **kw)
+    elif mode == "mix":
+        loader = fl.Loader(fl.Mix({"a": src, "b": fl.Dataset({"x": x[:700] + 10**6})}, weights={"a": 2, "b": 1}), **kw)
+    else:
+        loader = fl.Loader(src, **kw)
+    if mode == "resumed":
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        state = loader.state_dict()
+        del it
+        loader.load_state_dict(state)
+    iters = loader.split(devices)
+    for _ in range(3):  # the order is asked for after 3 steps
+        [next(i) for i in iters]
+    order = loader._schedule.run_order()
+    run = [np.concatenate([b["index"].numpy() for b in step]) for step in zip(*iters)]
+    ids, counts = order.ids(0, order.steps)
+    assert order.boundary == len(run) and list(counts[:len(run)]) == [len(r) for r in run]
+    assert np.array_equal(ids[:sum(map(len, run))], np.concatenate(run))
+    assert order.position() == len(run)  # steps handed out since the order was made
+    a, b = order.boundary - 5, order.boundary + 3  # windows of it are slices of the whole
+    part, _ = order.ids(a, b)
+    assert np.array_equal(part, ids[counts[:a].sum():counts[:b].sum()])
+    if mode != "steps":  # then the next epoch's
+        nxt = [np.concatenate([b["index"].numpy() for b in step]) for step in zip(*loader.split(devices))]
+        assert np.array_equal(ids[sum(map(len, run)):], np.concatenate(nxt))
+        assert order.position() is None  # another run started: this one is over
+    else:
+        assert order.steps == order.boundary

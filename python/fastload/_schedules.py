@@ -259,12 +259,26 @@ class EpochSchedule(Schedule):
         steps = samplers[0].num_batches(epoch, start) - done
         following = samplers[0].num_batches(epoch + 1, 0)
 
-        def step_ids(first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-            # One native call per batch: a window of the plan, never the whole epoch's ids.
-            def batch(s: Any, k: int) -> np.ndarray:
-                return s.batch_ids(epoch, start, done + k)[0] if k < steps else s.batch_ids(epoch + 1, 0, k - steps)[0]
+        b = self.config.batch_size
 
-            return _interleave([[batch(s, k) for k in range(first, end)] for s in samplers])
+        def epoch_ids(s: Any, e: int, at: int, first: int, end: int) -> list[np.ndarray]:
+            """Batches [first, end) of epoch e's plan from position `at`: natively in one call (the
+            GIL released) when they are most of what remains of the epoch, else one call per
+            batch (a window of a long epoch, never its whole ids)."""
+            left = s.num_batches(e, at)
+            if 2 * (end - first) >= left - first:
+                ids = s.plan(e, at)[first * b:end * b]
+                return [ids[k * b:(k + 1) * b] for k in range(end - first)]
+            return [s.batch_ids(e, at, k)[0] for k in range(first, end)]
+
+        def step_ids(first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+            per_device = []
+            for s in samplers:
+                batches = epoch_ids(s, epoch, start, done + first, done + min(end, steps)) if first < steps else []
+                if end > steps:
+                    batches += epoch_ids(s, epoch + 1, 0, max(first, steps) - steps, end - steps)
+                per_device.append(batches)
+            return _interleave(per_device)
 
         return RunOrder((self.source,), (0,), steps + following, steps, step_ids, self._position_of(run))
 

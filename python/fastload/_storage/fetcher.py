@@ -360,7 +360,7 @@ class Fetcher:
         with self._cond:
             plan, token = self._plan, self._epoch_token
             at = self._position() if plan is not None else None
-            if at is None:
+            if at is None or self._all_cached_locked():
                 return False
             first, end, last = self._window
             if self._seq is not None and (last or at < (first + end) // 2):
@@ -377,7 +377,7 @@ class Fetcher:
         if self._refresh_window():
             return 0.0
         with self._cond:
-            if self._seq is None or self._stopped:
+            if self._seq is None or self._stopped or self._all_cached_locked():
                 return 0.2
             at = self._position()
             if at is None:  # the run was abandoned or replaced: fetch nothing more for it
@@ -421,6 +421,12 @@ class Fetcher:
                 self._idle = (start, self._changed)
             return 0.02 if started else 0.1
 
+    def _all_cached_locked(self) -> bool:
+        """Every file is in the cache (a dataset that fits, after its first epoch): there is
+        nothing to prefetch or evict, so no window of the plan is computed (a file another process
+        removes is seen at the next walk of the folder, and the plan is asked for again)."""
+        return len(self._scan_locked()) == len(self.entries)
+
     def _ahead_locked(self, start: int) -> tuple[list[int], list[int]]:
         """The shards the plan reads from index `start` of the window on, in the order of their
         next read, and the step of that read: one searchsorted over the shards, not a pass over
@@ -442,11 +448,13 @@ class Fetcher:
         except Exception:  # noqa: BLE001 - the collation thread that needs it fetches it again and raises
             pass
 
-    def stats(self) -> StorageStats:
+    def stats(self, walk: bool = True) -> StorageStats:
+        """The counters; cached_bytes from a walk of the cache folder now (walk=False: as this
+        process last saw it, without touching the disk)."""
         with self._cond:
             s = StorageStats(**{k: getattr(self._stats, k) for k in StorageStats.__dataclass_fields__})
             s.requests = self.client.requests
-            self._scan_locked(fresh=True)
+            self._scan_locked(fresh=walk)
             s.cached_bytes = self._on_disk_bytes
             if self._active:
                 s.fetch_busy_s += time.monotonic() - self._busy_since

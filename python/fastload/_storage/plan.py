@@ -62,7 +62,7 @@ class RunStorage:
 
     def begin(self) -> None:
         """A run starts (before its threads do): its counters start from here."""
-        self.before = [f.stats() for f in self.fetchers]
+        self.before = [f.stats(walk=False) for f in self.fetchers]
 
     def stats(self) -> Any:
         total = None
