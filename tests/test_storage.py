@@ -534,9 +534,10 @@ def test_elastic_resume_and_prefetch_into_the_next_epoch(remote_blocks, s3_serve
     it = iter(full)
     # What the fetcher follows: the rest of epoch 3, then epoch 4's order (white-box, but the
     # behaviour below can pass by luck when the shard was cached anyway).
-    # The prefetch thread asks for the window of the plan; this one holds both epochs whole.
-    assert _wait_for(lambda: small._fetcher._seq is not None)
-    assert len(small._fetcher._seq) == len(full.plan(3)) + len(full.plan(4))
+    # The prefetch thread asks for windows of the plan (a short one first); the full one holds both
+    # epochs whole.
+    both = len(full.plan(3)) + len(full.plan(4))
+    assert _wait_for(lambda: small._fetcher._seq is not None and len(small._fetcher._seq) == both)
     for _ in it:
         pass
     first4 = int(np.searchsorted(np.cumsum(small.shard_rows), full.plan(4)[0], side="right"))

@@ -26,7 +26,7 @@ from ._schedules import Schedule, make_schedule
 from ._sources.workers import WorkerProcesses
 from ._sources.protocol import as_source, check_fingerprint, fingerprint
 from ._stats import LoaderStats
-from ._storage.plan import check_cache_room, follow_run
+from ._storage.plan import attach_loader, follow_run
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
 # csrc/bindings/loader_binding.h): a Ctrl-C can never fall between taking a batch and handing it
@@ -167,8 +167,9 @@ class Loader:
         # Test hook: with raw device batches or stand-in tensors, the consumer stream next() makes
         # a batch ready on (a stream handle of the stand-in driver; 0: the legacy default stream).
         self._test_stream = 0
-        # Object storage: a cache_limit below the shards one step reads is an error now.
-        self._storage = check_cache_room(self._schedule.run_order())
+        # Object storage: a cache_limit below the shards one step reads is an error now, and the
+        # fetchers' threads start.
+        self._storage = attach_loader(self._schedule.run_order())
         _lifecycle.register(self)
 
     @staticmethod

@@ -13,6 +13,7 @@ import numpy as np
 from .fetcher import PlanWindow
 
 _HORIZON = 1 << 20  # samples of the order (all sources) per window a fetcher holds
+_FIRST_STEPS = 4  # steps of a run's first window (then windows of _HORIZON samples)
 
 
 def _fetcher_of(source: Any) -> Any:
@@ -39,17 +40,18 @@ class _SourcePlan:
 
     def window(self, at: int) -> PlanWindow:
         order = self.order
-        if not self.steps_per_window:
-            _, counts = order.ids(at, at + 1)
-            self.steps_per_window = max(1, _HORIZON // max(1, int(counts[0]) if len(counts) else 1))
-        ids, counts = order.ids(at, at + self.steps_per_window)
+        short = not self.steps_per_window
+        # A run's first window is a few steps, so that their downloads start at once.
+        ids, counts = order.ids(at, at + (_FIRST_STEPS if short else self.steps_per_window))
+        if short and len(counts):
+            self.steps_per_window = max(1, _HORIZON // max(1, int(counts.max())))
         end = at + len(counts)
         steps = np.repeat(np.arange(at, end, dtype=np.int64), counts)
         if not self.only:
             mine = (ids >= self.lo) & (ids < self.hi)
             ids, steps = ids[mine] - self.lo, steps[mine]
         shards = np.searchsorted(self.ends, ids, side="right")
-        return PlanWindow(shards, steps, end, end >= order.steps)
+        return PlanWindow(shards, steps, end, end >= order.steps, short)
 
 
 class RunStorage:
@@ -72,28 +74,36 @@ class RunStorage:
         return total
 
 
-def check_cache_room(order: Any) -> RunStorage:
+def attach_loader(order: Any) -> RunStorage:
     """At Loader construction, with the order of its first run: a cache_limit below the bytes of
-    the shards one step of this rank reads (in the first window of the plan) is an error naming
-    both, never a hang later. Returns the storage counters from now on."""
+    the shards one step of this rank reads (in the first window of the plan, ~1M samples) is an error naming
+    both, never a hang later; then each remote source's fetcher readies its threads. Returns the
+    storage counters from now on."""
     for part, source in enumerate(order.sources):
         fetcher = _fetcher_of(source)
         if fetcher is None:
             continue
-        w = _SourcePlan(order, part).window(0)
-        if not len(w.shards):
-            continue
-        k = len(fetcher.shard_bytes)
-        pairs = np.unique(w.steps * k + w.shards)
-        steps, at = np.unique(pairs // k, return_inverse=True)
-        per_step = np.bincount(at, weights=fetcher.shard_bytes[pairs % k])
-        worst = int(np.argmax(per_step))
-        need = int(per_step[worst])
-        if need > fetcher.limit:
-            raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
-                             f"{int(steps[worst])} reads {int(np.count_nonzero(at == worst))} shards): raise cache_limit, "
-                             "or use order='block' (fewer shards per step)")
+        _check_room(fetcher, order, part)
+        fetcher.ready()
     return RunStorage(order.sources)
+
+
+def _check_room(fetcher: Any, order: Any, part: int) -> None:
+    plan = _SourcePlan(order, part)
+    plan.window(0)  # the short first window sizes the full ones
+    w = plan.window(0)
+    if not len(w.shards):
+        return
+    k = len(fetcher.shard_bytes)
+    pairs = np.unique(w.steps * k + w.shards)
+    steps, at = np.unique(pairs // k, return_inverse=True)
+    per_step = np.bincount(at, weights=fetcher.shard_bytes[pairs % k])
+    worst = int(np.argmax(per_step))
+    need = int(per_step[worst])
+    if need > fetcher.limit:
+        raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
+                         f"{int(steps[worst])} reads {int(np.count_nonzero(at == worst))} shards): raise cache_limit, "
+                         "or use order='block' (fewer shards per step)")
 
 
 def follow_run(order: Any) -> None:
