@@ -340,26 +340,28 @@ def test_faults_are_retried(remote_dir, s3_server, s3_proxy, tmp_path, kind, cli
     assert ds.storage_stats().requests >= 16 + (3 if kind != "delay" else 0)
 
 
+def _fails_for_good(url, proxy, tmp_path, client, kind, match, attempts, message):
+    """A fault armed for every request: iterating the loader raises `message` (a RuntimeError
+    naming the URL and the attempts) after `attempts` tries. Returns the source."""
+    proxy.arm(kind, match=match, times=1000)
+    ds = fl.Dataset.open(url, storage_options=_opts(proxy.url, max_attempts=attempts, client=client),
+                         cache_dir=tmp_path / "cache")
+    with pytest.raises(RuntimeError, match=message):
+        _batches(fl.Loader(ds, batch_size=125, num_threads=1))
+    return ds
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_after_the_retry_budget_next_names_url_status_attempts(remote_dir, s3_server, s3_proxy, tmp_path, client):
-    url, _, _ = remote_dir
-    s3_proxy.arm("503", match="00002.npy", times=1000)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=3, client=client),
-                         cache_dir=tmp_path / "cache")
-    loader = fl.Loader(ds, batch_size=125, num_threads=1)
-    with pytest.raises(RuntimeError, match=r"GET s3://.*00002\.npy failed after 3 attempts; last: HTTP 503 SlowDown"):
-        _batches(loader)
+    _fails_for_good(remote_dir[0], s3_proxy, tmp_path, client, "503", "00002.npy", 3,
+                    r"GET s3://.*00002\.npy failed after 3 attempts; last: HTTP 503 SlowDown")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_corrupt_body_is_fetched_again_then_reported(remote_dir, s3_server, s3_proxy, tmp_path, client):
-    url, _, _ = remote_dir
-    s3_proxy.arm("corrupt", match=".npy", times=1000)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=2, client=client),
-                         cache_dir=tmp_path / "cache")
     # botocore checks the CRC the server sends; fastload's checksum is the second line (http below).
-    with pytest.raises(RuntimeError, match=r"failed after 2 attempts; last: (corrupt body|FlexibleChecksumError)"):
-        _batches(fl.Loader(ds, batch_size=125, num_threads=1))
+    ds = _fails_for_good(remote_dir[0], s3_proxy, tmp_path, client, "corrupt", ".npy", 2,
+                         r"failed after 2 attempts; last: (corrupt body|FlexibleChecksumError)")
     assert not [f for d, _, fs in os.walk(ds.cache_dir) for f in fs if f.endswith(".npy")]  # nothing unverified
 
 
