@@ -862,3 +862,20 @@ def test_run_order_is_the_runs_batches_then_the_next_epochs(mode):
         assert order.position() is None  # another run started: this one is over
     else:
         assert order.steps == order.boundary
+
+
+def test_building_a_loader_starts_the_download_threads(remote_dir, s3_server, tmp_path):
+    """The fetcher's threads start with the first Loader over the source (not in the first epoch,
+    whose downloads would wait for them), once."""
+    import threading
+
+    url, _, _ = remote_dir
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0], max_concurrency=5), cache_dir=tmp_path / "cache")
+    pool = ds._fetcher._pool
+    assert pool is None  # opening alone starts nothing
+    fl.Loader(ds, batch_size=100)
+    pool = ds._fetcher._pool
+    assert len(pool._threads) == 5 and all(t.is_alive() for t in pool._threads)
+    fl.Loader(ds, batch_size=50)
+    assert ds._fetcher._pool is pool and len(pool._threads) == 5
+    assert "fastload-prefetch" in [t.name for t in threading.enumerate()]

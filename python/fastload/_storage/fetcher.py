@@ -127,6 +127,7 @@ class Fetcher:
         self._boundary = 0  # the step where the next epoch starts
         self._stopped = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ready = False  # the pool's threads were started ahead (ready())
         self._thread: threading.Thread | None = None
         _live.add(self)
 
@@ -360,8 +361,9 @@ class Fetcher:
         with self._cond:
             self._ensure_thread_locked()
             pool, n = self._pool, self.client.concurrency
-        if pool is None:
-            return
+            if pool is None or self._ready:  # once: later Loaders find the threads there (maybe busy)
+                return
+            self._ready = True
         started = threading.Barrier(n + 1)
 
         def arrive() -> None:

@@ -69,7 +69,7 @@ class RunStorage:
     def stats(self) -> Any:
         total = None
         for f, before in zip(self.fetchers, self.before):
-            now = f.stats().since(before)
+            now = f.stats(walk=False).since(before)  # stats() may be called every few batches: no disk walk
             total = now if total is None else total.plus(now)
         return total
 
