@@ -27,7 +27,6 @@ _INF = np.iinfo(np.int64).max
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
 _RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
 _NEXT_EPOCH_SHARE = 8  # the next epoch's shards are prefetched up to limit / this (at least a shard)
-_IDLE_SAMPLES = 1 << 12  # a round that found nothing to start is not redone before the consumer reads this many more
 
 
 class PlanWindow(NamedTuple):
@@ -119,7 +118,8 @@ class Fetcher:
         self._short, self._rounds = False, 0  # a short first window; prefetch rounds run on this window
         self._occ_keys: np.ndarray | None = None
         # The prefetch round that found nothing to start: (index in _seq, _changed) then. Nothing
-        # changes its answer until the consumer has moved on or a file came or went.
+        # changes its answer until the consumer has moved on or a file came or went (or a download
+        # ended).
         self._idle: tuple[int, int] | None = None
         self._changed = 0  # bumped when a download ends, a file is evicted or a window installed
         self._position: Callable[[], int | None] = lambda: None
@@ -417,7 +417,7 @@ class Fetcher:
                 self._clear_plan_locked()
                 return 0.2
             start = int(np.searchsorted(self._at, at, side="left"))
-            if self._idle is not None and self._idle[1] == self._changed and start < self._idle[0] + _IDLE_SAMPLES:
+            if self._idle == (start, self._changed):
                 return 0.1  # the last round found nothing to do, and nothing has changed since
             ahead, needed_at = self._ahead_locked(start)
             if not len(ahead):
