@@ -26,6 +26,7 @@ class S3Proxy:
     def __init__(self, upstream_port: int):
         self.upstream = ("127.0.0.1", upstream_port)
         self.gets: Counter[str] = Counter()  # object GETs per path (listing and HEAD excluded)
+        self.log: list[str] = []  # the paths of object GETs in the order they arrived
         self.requests = 0
         self.in_flight = 0  # object GETs being served now, and the most at once
         self.peak_in_flight = 0
@@ -50,6 +51,7 @@ class S3Proxy:
                     proxy.requests += 1
                     if is_object_get:
                         proxy.gets[path.split("?")[0]] += 1
+                        proxy.log.append(path.split("?")[0])
                         for f in proxy.faults:
                             if f.times > 0 and f.match in path:
                                 f.times -= 1
@@ -135,6 +137,7 @@ class S3Proxy:
     def reset_counts(self) -> None:
         with self.lock:
             self.gets.clear()
+            self.log.clear()
             self.requests = 0
             self.peak_in_flight = 0
             self.faults.clear()

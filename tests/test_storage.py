@@ -186,6 +186,7 @@ def test_epoch_two_sends_no_get_when_the_dataset_fits(remote_dir, s3_server, s3_
     s3_proxy.reset_counts()
     _equal(_batches(loader, 1), _batches(fl.Loader(fl.Dataset.open(local), batch_size=100, shuffle=True, seed=1), 1))
     assert s3_proxy.total_gets() == 0
+    assert ds._fetcher._seq is None  # every file cached: no window of the plan was even computed
     s = ds.storage_stats()
     assert s.bytes_fetched == sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(local) for f in fs
                                   if f.endswith(".npy"))
@@ -339,26 +340,28 @@ def test_faults_are_retried(remote_dir, s3_server, s3_proxy, tmp_path, kind, cli
     assert ds.storage_stats().requests >= 16 + (3 if kind != "delay" else 0)
 
 
+def _fails_for_good(url, proxy, tmp_path, client, kind, match, attempts, message):
+    """A fault armed for every request: iterating the loader raises `message` (a RuntimeError
+    naming the URL and the attempts) after `attempts` tries. Returns the source."""
+    proxy.arm(kind, match=match, times=1000)
+    ds = fl.Dataset.open(url, storage_options=_opts(proxy.url, max_attempts=attempts, client=client),
+                         cache_dir=tmp_path / "cache")
+    with pytest.raises(RuntimeError, match=message):
+        _batches(fl.Loader(ds, batch_size=125, num_threads=1))
+    return ds
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_after_the_retry_budget_next_names_url_status_attempts(remote_dir, s3_server, s3_proxy, tmp_path, client):
-    url, _, _ = remote_dir
-    s3_proxy.arm("503", match="00002.npy", times=1000)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=3, client=client),
-                         cache_dir=tmp_path / "cache")
-    loader = fl.Loader(ds, batch_size=125, num_threads=1)
-    with pytest.raises(RuntimeError, match=r"GET s3://.*00002\.npy failed after 3 attempts; last: HTTP 503 SlowDown"):
-        _batches(loader)
+    _fails_for_good(remote_dir[0], s3_proxy, tmp_path, client, "503", "00002.npy", 3,
+                    r"GET s3://.*00002\.npy failed after 3 attempts; last: HTTP 503 SlowDown")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_corrupt_body_is_fetched_again_then_reported(remote_dir, s3_server, s3_proxy, tmp_path, client):
-    url, _, _ = remote_dir
-    s3_proxy.arm("corrupt", match=".npy", times=1000)
-    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_attempts=2, client=client),
-                         cache_dir=tmp_path / "cache")
     # botocore checks the CRC the server sends; fastload's checksum is the second line (http below).
-    with pytest.raises(RuntimeError, match=r"failed after 2 attempts; last: (corrupt body|FlexibleChecksumError)"):
-        _batches(fl.Loader(ds, batch_size=125, num_threads=1))
+    ds = _fails_for_good(remote_dir[0], s3_proxy, tmp_path, client, "corrupt", ".npy", 2,
+                         r"failed after 2 attempts; last: (corrupt body|FlexibleChecksumError)")
     assert not [f for d, _, fs in os.walk(ds.cache_dir) for f in fs if f.endswith(".npy")]  # nothing unverified
 
 
@@ -533,7 +536,10 @@ def test_elastic_resume_and_prefetch_into_the_next_epoch(remote_blocks, s3_serve
     it = iter(full)
     # What the fetcher follows: the rest of epoch 3, then epoch 4's order (white-box, but the
     # behaviour below can pass by luck when the shard was cached anyway).
-    assert len(small._fetcher._seq) == len(full.plan(3)) + len(full.plan(4))
+    # The prefetch thread asks for windows of the plan (a short one first); the full one holds both
+    # epochs whole.
+    both = len(full.plan(3)) + len(full.plan(4))
+    assert _wait_for(lambda: small._fetcher._seq is not None and len(small._fetcher._seq) == both)
     for _ in it:
         pass
     first4 = int(np.searchsorted(np.cumsum(small.shard_rows), full.plan(4)[0], side="right"))
@@ -677,3 +683,199 @@ def test_requests_in_flight_are_bounded(remote_blocks, s3_server, s3_proxy, tmp_
     kw = dict(batch_size=512, shuffle=True, seed=1, num_threads=2)
     _equal(_batches(fl.Loader(ds, **kw)), _batches(fl.Loader(fl.Dataset.open(local), **kw)))
     assert 1 <= s3_proxy.peak_in_flight <= 2 + 2
+
+
+# ------------------------------------------------------------------------------------ prefetch in every mode
+def _first_use_order(shards_in_read_order):
+    """Brute force: the shards in the order they are first read."""
+    seen = []
+    for k in shards_in_read_order:
+        if k not in seen:
+            seen.append(k)
+    return seen
+
+
+def _shard_of(ids, shard_rows):
+    return np.searchsorted(np.cumsum(shard_rows), np.asarray(ids), side="right").tolist()
+
+
+def _fetched_shards(proxy, prefix):
+    """The shards (of objects under prefix/<column>/<shard>.npy) in the order of their first GET."""
+    return _first_use_order([int(p.rsplit("/", 1)[1][:6]) for p in proxy.log
+                             if f"/{prefix}/" in p and p.endswith(".npy")])
+
+
+def _wait_for(predicate, timeout=20.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def _first_steps(steps, shard_rows, part=None):
+    """Brute force, from the batches themselves (their "index"): the step where each shard is
+    first read (`part`: only a Mix source's rows, by "source")."""
+    first = {}
+    for k, step in enumerate(steps):
+        for b in step:
+            ids = b["index"].numpy()
+            if part is not None:
+                ids = ids[b["source"].numpy() == part]
+            for shard in _shard_of(ids, shard_rows):
+                first.setdefault(shard, k)
+    return first
+
+
+def _steps_of(iterators):
+    """Every device's batches, step by step (cloned)."""
+    return [[{k: v.clone() for k, v in b.items()} for b in step] for step in zip(*iterators)]
+
+
+@pytest.mark.parametrize("mode", ["split", "steps", "mix", "resumed"])
+def test_prefetch_follows_the_plan_in_every_mode(remote_blocks, s3_server, s3_proxy, tmp_path, mode):
+    """split(), steps=, fl.Mix and a resumed steps= run prefetch along the plan: with the consumer
+    standing still after its first batch, every shard the run reads is fetched, once, in the order
+    the plan first reads them (brute force from the batches of the same run read locally); the
+    rest of the run then waits for no fetch."""
+    url, local, shard = remote_blocks
+    s3_proxy.arm("delay", match=".npy", times=1000, delay=0.02)
+    remote = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url, max_concurrency=1), cache_dir=tmp_path / "c")
+    here = fl.Dataset.open(local)
+    rows = remote.shard_rows
+    kw = dict(shuffle=True, seed=5, order="block", num_threads=1, prefetch=1, with_index=True)
+    part = None
+    if mode == "split":
+        make = lambda src: fl.Loader(src, batch_size=256, **kw)  # noqa: E731
+        start = lambda loader: loader.split(["cpu", "cpu"])  # noqa: E731
+    elif mode in ("steps", "resumed"):
+        make = lambda src: fl.Loader(src, batch_size=512, steps=60, **kw)  # noqa: E731
+        start = lambda loader: [iter(loader)]  # noqa: E731
+    else:
+        other = fl.Dataset({"x": np.zeros((3000, 4), np.float32), "y": np.arange(3000)})
+        make = lambda src: fl.Loader(fl.Mix({"remote": src, "local": other}, weights={"remote": 3, "local": 1},  # noqa: E731
+                                            with_source=True), batch_size=512, **kw)
+        start = lambda loader: [iter(loader)]  # noqa: E731
+        part = 0
+    loaders = [make(remote), make(here)]
+    if mode == "resumed":  # a state after 25 steps, resumed: the next steps' shards come first
+        first = make(here)
+        it = iter(first)
+        for _ in range(25):
+            next(it)
+        state = first.state_dict()
+        del it
+        for loader in loaders:
+            loader.load_state_dict(state)
+    iters = start(loaders[0])
+    got = [[{k: v.clone() for k, v in next(i).items()} for i in iters]]
+    first = _first_steps(_steps_of(start(loaders[1])), rows, part)
+    assert _wait_for(lambda: len(_fetched_shards(s3_proxy, "blocks")) == len(first))  # the consumer stood still
+    assert max(s3_proxy.gets.values()) == 1
+    fetched = _fetched_shards(s3_proxy, "blocks")
+    assert sorted(fetched) == sorted(first)
+    # In plan order (the step each shard is first read at never goes back), but for the requests in
+    # flight at once (the prefetcher's one, and the one a collation thread may make for its batch)
+    # arriving in either order.
+    steps = [first[k] for k in fetched]
+    assert all(steps[i] <= steps[j] for i in range(len(steps)) for j in range(i + 2, len(steps))), (fetched, first)
+    assert _wait_for(lambda: remote.storage_stats().cached_bytes == len(first) * shard)  # downloads done
+    misses = loaders[0].stats().storage.misses
+    got += _steps_of(iters)
+    reference = make(here)
+    if mode == "resumed":
+        reference.load_state_dict(state)
+    want = _steps_of(start(reference))
+    _equal([b for s in got for b in s], [b for s in want for b in s])
+    assert loaders[0].stats().storage.misses == misses  # nothing waited for a fetch after that
+
+
+def test_loader_stats_show_the_storage_counters_of_the_run(remote_dir, s3_server, s3_proxy, tmp_path):
+    """Loader.stats().storage: this run's bytes fetched, requests, hits and misses, the collation
+    threads' wait and the bytes/s from storage, counted against the proxy and the files; None and
+    no table row for local data."""
+    url, local, _ = remote_dir
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(local) for f in fs if f.endswith(".npy"))
+    s3_proxy.arm("delay", match=".npy", times=1000, delay=0.02)
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache")
+    loader = fl.Loader(ds, batch_size=100, shuffle=True, seed=1, num_threads=2)
+    assert loader.stats().storage.bytes_fetched == 0 and loader.stats().storage.requests == 0
+    _batches(loader, 0)
+    s = loader.stats().storage
+    assert s.bytes_fetched == size and s.requests == sum(c for p, c in s3_proxy.gets.items() if p.endswith(".npy")) == 16
+    assert s.hits + s.misses == 16  # each of the 16 files mapped once, found cached or waited for
+    assert s.misses >= 1 and s.wait_s > 0  # the first batch waited for its files
+    assert s.bytes_per_s == s.bytes_fetched / s.fetch_busy_s and 0 < s.bytes_per_s
+    assert s.cached_bytes == size and s.limit == ds.storage_stats().limit
+    text = str(loader.stats())
+    assert f"{size / 1e6:,.1f} MB fetched in 16 requests" in text and f"{s.misses:,} misses" in text, text
+    # The next epoch's counters start again: everything is cached, nothing is fetched or waited for.
+    _batches(loader, 1)
+    s2 = loader.stats().storage
+    assert (s2.bytes_fetched, s2.requests, s2.misses, s2.wait_s) == (0, 0, 0, 0.0) and s2.cached_bytes == size
+    assert ds.storage_stats().bytes_fetched == size  # the source's own count covers both
+    # A Mix adds up its remote sources; local data has none.
+    mix = fl.Mix({"remote": ds, "local": fl.Dataset.open(local)})
+    assert fl.Loader(mix, batch_size=10, steps=3).stats().storage.cached_bytes == size
+    plain = fl.Loader(fl.Dataset.open(local), batch_size=100)
+    _batches(plain)
+    assert plain.stats().storage is None and "storage" not in str(plain.stats())
+
+
+@pytest.mark.parametrize("mode", ["epoch", "split", "resumed", "steps", "mix"])
+def test_run_order_is_the_runs_batches_then_the_next_epochs(mode):
+    """Schedule.run_order() against brute force: the ids of every batch the run hands out (all
+    devices of a step, in device order), then the next epoch's, from the step the consumer is at."""
+    x = np.arange(3000, dtype=np.int64)
+    src = fl.Dataset({"x": x})
+    kw = dict(batch_size=64, shuffle=True, seed=9, with_index=True)
+    devices = ["cpu", "cpu"] if mode == "split" else ["cpu"]
+    if mode == "steps":
+        loader = fl.Loader(src, steps=30, **kw)
+    elif mode == "mix":
+        loader = fl.Loader(fl.Mix({"a": src, "b": fl.Dataset({"x": x[:700] + 10**6})}, weights={"a": 2, "b": 1}), **kw)
+    else:
+        loader = fl.Loader(src, **kw)
+    if mode == "resumed":
+        it = iter(loader)
+        for _ in range(7):
+            next(it)
+        state = loader.state_dict()
+        del it
+        loader.load_state_dict(state)
+    iters = loader.split(devices)
+    for _ in range(3):  # the order is asked for after 3 steps
+        [next(i) for i in iters]
+    order = loader._schedule.run_order()
+    run = [np.concatenate([b["index"].numpy() for b in step]) for step in zip(*iters)]
+    ids, counts = order.ids(0, order.steps)
+    assert order.boundary == len(run) and list(counts[:len(run)]) == [len(r) for r in run]
+    assert np.array_equal(ids[:sum(map(len, run))], np.concatenate(run))
+    assert order.position() == len(run)  # steps handed out since the order was made
+    a, b = order.boundary - 5, order.boundary + 3  # windows of it are slices of the whole
+    part, _ = order.ids(a, b)
+    assert np.array_equal(part, ids[counts[:a].sum():counts[:b].sum()])
+    if mode != "steps":  # then the next epoch's
+        nxt = [np.concatenate([b["index"].numpy() for b in step]) for step in zip(*loader.split(devices))]
+        assert np.array_equal(ids[sum(map(len, run)):], np.concatenate(nxt))
+        assert order.position() is None  # another run started: this one is over
+    else:
+        assert order.steps == order.boundary
+
+
+def test_building_a_loader_starts_the_download_threads(remote_dir, s3_server, tmp_path):
+    """The fetcher's threads start with the first Loader over the source (not in the first epoch,
+    whose downloads would wait for them), once."""
+    import threading
+
+    url, _, _ = remote_dir
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0], max_concurrency=5), cache_dir=tmp_path / "cache")
+    pool = ds._fetcher._pool
+    assert pool is None  # opening alone starts nothing
+    fl.Loader(ds, batch_size=100)
+    pool = ds._fetcher._pool
+    assert len(pool._threads) == 5 and all(t.is_alive() for t in pool._threads)
+    fl.Loader(ds, batch_size=50)
+    assert ds._fetcher._pool is pool and len(pool._threads) == 5
+    assert "fastload-prefetch" in [t.name for t in threading.enumerate()]

@@ -26,7 +26,7 @@ from ._schedules import Schedule, make_schedule
 from ._sources.workers import WorkerProcesses
 from ._sources.protocol import as_source, check_fingerprint, fingerprint
 from ._stats import LoaderStats
-from ._storage.plan import attach_loader, epoch_started
+from ._storage.plan import attach_loader, follow_run
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
 # csrc/bindings/loader_binding.h): a Ctrl-C can never fall between taking a batch and handing it
@@ -167,7 +167,9 @@ class Loader:
         # Test hook: with raw device batches or stand-in tensors, the consumer stream next() makes
         # a batch ready on (a stream handle of the stand-in driver; 0: the legacy default stream).
         self._test_stream = 0
-        attach_loader(self)  # object storage: a cache_limit below one step's shards is an error now
+        # Object storage: a cache_limit below the shards one step reads is an error now, and the
+        # fetchers' threads start.
+        self._storage = attach_loader(self._schedule.run_order())
         _lifecycle.register(self)
 
     @staticmethod
@@ -246,10 +248,10 @@ class Loader:
             schedule.mark_superseded()
             if self._workers is not None:
                 self._start_workers()
+            self._storage.begin()  # object storage: the run's counters start before its threads
             run = schedule.start(self._engine, prepared, len(devices), self._fail_at_batch, indices)
             self._warn_left_behind(self._engine)
-            if not self._config.stepped:  # object storage: the fetcher prefetches along this epoch's plan
-                epoch_started(self, run.epoch, run, len(devices))
+            follow_run(schedule.run_order())  # object storage: fetchers prefetch along this run's order
             return [LoaderIterator(self, self._engine, run, d, i, self._raw_device_batches, self._test_stream,
                                    self._standin_tensors)
                     for d, i in enumerate(indices)]
@@ -370,7 +372,7 @@ class Loader:
             else:
                 run = self._engine.stats(schedule.run)
             run["left_behind_threads"] = self._engine.left_behind()
-            return LoaderStats._from_native(run, memory, schedule.source_stats(run))
+            return LoaderStats._from_native(run, memory, schedule.source_stats(run), self._storage.stats())
 
     def _memory(self) -> dict[str, int]:
         """Bytes and buffers the loader's pools have allocated and not freed (batches users still

@@ -13,7 +13,7 @@ source_stats(). The Loader holds one and calls it under its lock (plan() takes i
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,6 +42,46 @@ def _step_range(steps: Any) -> tuple[int, int]:
     if not 0 <= first <= end <= MAX_STEPS:
         raise ValueError(f"steps must be (first, end) with 0 <= first <= end, got {steps!r}")
     return first, end
+
+
+class RunOrder:
+    """What a prefetcher needs of a run (Schedule.run_order()): this rank's sample ids step by
+    step, from the step the consumer stood at when it was made, then the next epoch's; and how
+    many of those steps the consumer has taken since. A step is one global step: every device's
+    batch of it, in device order (one batch without split()). Ids index the sources end to end
+    (a Mix's parts; `offsets` says where each one's start). Nothing is computed ahead: ids(first,
+    end) computes just those steps (a prefetcher asks for a window at a time)."""
+
+    def __init__(self, sources: tuple[Any, ...], offsets: tuple[int, ...], steps: int, boundary: int,
+                 step_ids: Callable[[int, int], tuple[np.ndarray, np.ndarray]], position: Callable[[], int | None]):
+        self.sources = sources  # the sources the ids index, in order (the Loader's source, or a Mix's parts)
+        self.offsets = offsets  # where each source's ids start
+        self.steps = steps  # steps in this order: the rest of the run, then the next epoch's (if any)
+        self.boundary = boundary  # the first step of the next epoch (== steps when none follows)
+        self._step_ids = step_ids
+        self._position = position
+
+    def ids(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sample ids of steps [first, end), in order; the number of ids of each step)."""
+        first, end = max(0, first), min(end, self.steps)
+        if end <= first:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return self._step_ids(first, end)
+
+    def position(self) -> int | None:
+        """Steps of this order handed out on every device; None once the run is over, abandoned
+        or replaced (or for the order of a run not started yet)."""
+        return self._position()
+
+
+def _interleave(per_device: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per device, per step, its batch's ids -> one array in step order (devices in order within a
+    step) and the ids per step."""
+    steps = len(per_device[0])
+    parts = [per_device[d][k] for k in range(steps) for d in range(len(per_device))]
+    counts = np.array([sum(len(per_device[d][k]) for d in range(len(per_device))) for k in range(steps)],
+                      dtype=np.int64)
+    return (np.concatenate(parts).astype(np.int64, copy=False) if parts else np.empty(0, dtype=np.int64)), counts
 
 
 class Schedule:
@@ -88,6 +128,25 @@ class Schedule:
     def source_stats(self, run_stats: dict[str, Any]) -> dict[str, SourceStats] | None:
         """Per source counts of a step-based mode; None for epochs."""
         return None
+
+    def run_order(self) -> RunOrder:
+        """For a prefetcher (object storage): the running run's order from the step the consumer
+        stands at, then the next epoch's; with no run started (or the last one over), the order of
+        the run the next iter() starts (its position() is None; prepare() may raise)."""
+        raise NotImplementedError
+
+    def _position_of(self, run: Any) -> Callable[[], int | None]:
+        """Steps of `run` handed out on every device since now; None once it is no longer live."""
+        if run is None:
+            return lambda: None
+        outputs, at = self.outputs, min(run.handed(d) for d in range(self.outputs))
+
+        def position() -> int | None:
+            if self.run is not run or run.superseded:
+                return None
+            return min(run.handed(d) for d in range(outputs)) - at
+
+        return position
 
     # ---------------------------------------------------------------- shared bookkeeping
     @property
@@ -190,6 +249,39 @@ class EpochSchedule(Schedule):
         self._begun(run, devices, epoch, start)
         return run
 
+    def run_order(self) -> RunOrder:
+        run = self.run if self.run is not None and not self.run.superseded else None
+        if run is not None:
+            devices, epoch, start, done = self.outputs, run.epoch, self.run_start, self.handed()
+        else:
+            devices, (epoch, start), done = 1, self.prepare(1), 0
+        samplers = self.samplers(devices)
+        steps = samplers[0].num_batches(epoch, start) - done
+        following = samplers[0].num_batches(epoch + 1, 0)
+
+        b = self.config.batch_size
+
+        def epoch_ids(s: Any, e: int, at: int, first: int, end: int) -> list[np.ndarray]:
+            """Batches [first, end) of epoch e's plan from position `at`: natively in one call (the
+            GIL released) when they are most of what remains of the epoch, else one call per
+            batch (a window of a long epoch, never its whole ids)."""
+            left = s.num_batches(e, at)
+            if 2 * (end - first) >= left - first:
+                ids = s.plan(e, at)[first * b:end * b]
+                return [ids[k * b:(k + 1) * b] for k in range(end - first)]
+            return [s.batch_ids(e, at, k)[0] for k in range(first, end)]
+
+        def step_ids(first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+            per_device = []
+            for s in samplers:
+                batches = epoch_ids(s, epoch, start, done + first, done + min(end, steps)) if first < steps else []
+                if end > steps:
+                    batches += epoch_ids(s, epoch + 1, 0, max(first, steps) - steps, end - steps)
+                per_device.append(batches)
+            return _interleave(per_device)
+
+        return RunOrder((self.source,), (0,), steps + following, steps, step_ids, self._position_of(run))
+
     def state_dict(self) -> dict[str, Any]:
         if self.pending is not None and not self.live():
             epoch, position = self.pending
@@ -233,7 +325,29 @@ class StreamSchedule(Schedule):
         self.runs = StreamRuns(Stream(sources, seed=self.seed, shuffle=config.shuffle, order=config.order),
                                config.steps, epoch_samples)
         self.run_anchor: Anchor | None = None  # the schedule the running stream run uses
+        self.run_samplers: list[Any] = []  # and its samplers (one per device), and its end step
+        self.run_end = 0
         self.weights_given = weights_given
+        self.parts: tuple[Any, ...] = (source,)  # the sources the stream's ids index (a Mix's parts)
+
+    def run_order(self) -> RunOrder:
+        run = self.run if self.run is not None and not self.run.superseded else None
+        if run is not None:
+            samplers, first, end = self.run_samplers, self.run_start + self.handed(), self.run_end
+        else:
+            _, first, end, _, samplers = self.prepare(1)
+        # A Mix's next epoch is the next steps of the same stream; steps= has none.
+        devices = len(samplers)
+        following = 0 if self.config.steps is not None else self.runs.steps_per_epoch(self.config.global_batch(devices))
+
+        def step_ids(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+            per_device = [np.asarray(s.plan(first + a, first + b), dtype=np.int64).reshape(b - a, -1) for s in samplers]
+            ids = np.stack(per_device, axis=1).reshape(-1)
+            return ids, np.full(b - a, len(ids) // (b - a), dtype=np.int64)
+
+        sources = self.stream.sources
+        return RunOrder(self.parts, tuple(sources.offsets), end - first + following, end - first, step_ids,
+                        self._position_of(run))
 
     @property
     def stream(self) -> Stream:
@@ -286,6 +400,7 @@ class StreamSchedule(Schedule):
         run = engine.start_stream(samplers, first, end, epoch, fail_at, indices)
         self.runs.begun(anchor)
         self.run_anchor = anchor
+        self.run_samplers, self.run_end = samplers, end
         self._begun(run, devices, epoch, first)
         return run
 
@@ -429,5 +544,8 @@ def make_schedule(config: LoaderConfig, source: Any, lock: threading.RLock, mix:
         return EpochSchedule(config, source, lock)
     sources = mix.stream_sources() if mix is not None else StreamSources.single(source)
     kind = StepSchedule if config.steps is not None else MixSchedule
-    return kind(config, source, lock, sources=sources, epoch_samples=len(mix if mix is not None else source),
-                weights_given=mix.given if mix is not None else None)
+    schedule = kind(config, source, lock, sources=sources, epoch_samples=len(mix if mix is not None else source),
+                    weights_given=mix.given if mix is not None else None)
+    if mix is not None:
+        schedule.parts = tuple(mix.parts)
+    return schedule

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._storage.fetcher import StorageStats
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,11 @@ class LoaderStats:
       call returns, and is never waited for.
     - sources: a step-based loader's (a Mix, or steps=) per-source counts, by source name (see
       SourceStats); empty otherwise.
+    - storage: for sources in object storage (s3://, https://), their counters since iter() (a
+      Mix's remote sources added together): bytes_fetched, requests, hits and misses (files the
+      collation threads found cached, or waited for), wait_s (time they waited for fetches),
+      bytes_per_s (from storage while downloads ran), prefetched, evictions; and cached_bytes of
+      limit now. None when every source is local.
     """
 
     epoch: int
@@ -78,6 +86,7 @@ class LoaderStats:
     user_s: float = 0.0
     sources: dict[str, SourceStats] = field(default_factory=dict)
     left_behind_threads: int = 0
+    storage: "StorageStats | None" = None
 
     @property
     def streams(self) -> int:
@@ -95,7 +104,7 @@ class LoaderStats:
 
     @classmethod
     def _from_native(cls, run: dict[str, Any], memory: dict[str, int],
-                     sources: dict[str, SourceStats] | None = None) -> "LoaderStats":
+                     sources: dict[str, SourceStats] | None = None, storage: Any = None) -> "LoaderStats":
         return cls(epoch=run["epoch"], batches=run["batches"], samples=run["samples"], bytes=run["bytes"],
                    wait_s=run["wait_s"], wall_s=run["wall_s"], ready_mean=run["ready_mean"],
                    collation=StageStats(**run["collation"]),
@@ -105,7 +114,8 @@ class LoaderStats:
                    pinned_bytes=memory["pinned_bytes"], device_bytes=memory["device_bytes"],
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
                    device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0),
-                   sources=dict(sources or {}), left_behind_threads=run.get("left_behind_threads", 0))
+                   sources=dict(sources or {}), left_behind_threads=run.get("left_behind_threads", 0),
+                   storage=storage)
 
     def __str__(self) -> str:
         def ms(s: float) -> str:
@@ -133,6 +143,13 @@ class LoaderStats:
         for name, src in self.sources.items():
             rows.append((f"source {name}", f"{src.samples:,} samples handed out; {src.epochs:,} epochs completed "
                                            f"(position {src.position:,})"))
+        st = self.storage
+        if st is not None:
+            rows.append(("storage", f"{st.bytes_fetched / 1e6:,.1f} MB fetched in {st.requests:,} requests at "
+                                    f"{st.bytes_per_s / 1e6:,.1f} MB/s; {st.prefetched:,} files prefetched"))
+            rows.append(("storage cache", f"{st.hits:,} hits, {st.misses:,} misses; collation waited {st.wait_s:.3f} s "
+                                          f"for fetches; {st.evictions:,} evictions; {st.cached_bytes / 1e6:,.1f} MB "
+                                          f"cached of {st.limit / 1e6:,.1f} MB"))
         rows.append(("memory", f"pinned {self.pinned_bytes / 1e6:,.1f} MB, device {self.device_bytes / 1e6:,.1f} MB, "
                                f"host {self.host_bytes / 1e6:,.1f} MB"))
         rows.append(("allocations", f"host {self.host_allocations}, device {self.device_allocations}"))

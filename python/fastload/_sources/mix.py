@@ -243,6 +243,11 @@ class Mix:
         return list(self._names)
 
     @property
+    def parts(self) -> list[Any]:
+        """The sources, in the order of source_names."""
+        return list(self._parts)
+
+    @property
     def lengths(self) -> list[int]:
         return list(self._lengths)
 

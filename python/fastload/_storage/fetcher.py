@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -24,10 +24,27 @@ from .cache import Entry, ObjectCache
 from .client import Client
 
 _INF = np.iinfo(np.int64).max
-_WINDOW = 1 << 18  # samples of the plan looked at ahead per prefetch round
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
 _RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
 _NEXT_EPOCH_SHARE = 8  # the next epoch's shards are prefetched up to limit / this (at least a shard)
+
+
+class PlanWindow(NamedTuple):
+    """A stretch of this rank's plan as one source's fetcher sees it: the shard of each of its
+    samples in read order, the step each is read at (non-decreasing), the step the stretch ends
+    before, and whether the plan ends there. A short one starts a run: its downloads start while
+    the full window is computed."""
+    shards: np.ndarray
+    steps: np.ndarray
+    end: int
+    last: bool
+    short: bool = False  # a first, small window (quick to compute): replaced by a full one at once
+
+
+class Plan(Protocol):
+    """Where the fetcher gets its plan from (see _storage/plan.py): a window of it from a step."""
+
+    def window(self, at: int) -> PlanWindow: ...
 
 
 @dataclass
@@ -50,6 +67,20 @@ class StorageStats:
         """Bytes from storage per second while downloads ran."""
         return self.bytes_fetched / self.fetch_busy_s if self.fetch_busy_s > 0 else 0.0
 
+    def since(self, before: "StorageStats") -> "StorageStats":
+        """The counts since `before` (an earlier snapshot); cached_bytes and limit as they are now."""
+        out = StorageStats(**{k: getattr(self, k) for k in StorageStats.__dataclass_fields__})
+        for k in _COUNTS:
+            setattr(out, k, getattr(self, k) - getattr(before, k))
+        return out
+
+    def plus(self, other: "StorageStats") -> "StorageStats":
+        """Two sources' counts together (cache use and limits added too)."""
+        return StorageStats(**{k: getattr(self, k) + getattr(other, k) for k in StorageStats.__dataclass_fields__})
+
+
+_COUNTS = ("bytes_fetched", "requests", "hits", "misses", "wait_s", "prefetched", "evictions", "fetch_busy_s")
+
 
 class Fetcher:
     def __init__(self, client: Client, cache: ObjectCache, entries: Sequence[Entry], shard_files: Sequence[Sequence[int]],
@@ -68,21 +99,35 @@ class Fetcher:
         self._clock = 0
         self._reserved = 0  # bytes of downloads in flight (their temporary files)
         self._on_disk: set[int] | None = None  # files complete in the cache folder (_scan_locked)
+        self._on_disk_bytes = 0  # and their bytes
         self._scanned_at = 0.0
         self._files: Any = None  # the native LazyFiles, once the source is described
         self._stats = StorageStats(limit=limit)
         self._active = 0
         self._busy_since = 0.0
-        # The plan of the epoch running: per shard, the sorted positions (in samples from the
-        # epoch's start position) where it is read; and where the consumer is.
-        self._occ_order: np.ndarray | None = None
+        # The plan followed, in steps from where it was handed over: where the consumer is
+        # (position()), and a window of it (_install): the shard of each sample read and its step,
+        # and per shard the sorted steps where it is read. A new window is asked of _plan (by the
+        # prefetch thread) when the consumer has passed the middle of this one.
+        self._plan: Plan | None = None
+        self._occ_steps: np.ndarray | None = None
         self._occ_start: np.ndarray | None = None
         self._seq: np.ndarray | None = None
+        self._at: np.ndarray | None = None
+        self._window = (0, 0, True)  # (first step, end step, whether the plan ends there)
+        self._short, self._rounds = False, 0  # a short first window; prefetch rounds run on this window
+        self._occ_keys: np.ndarray | None = None
+        # The prefetch round that found nothing to start: (index in _seq, _changed) then. Nothing
+        # changes its answer until the consumer has moved on or a file came or went (or a download
+        # ended).
+        self._idle: tuple[int, int] | None = None
+        self._changed = 0  # bumped when a download ends, a file is evicted or a window installed
         self._position: Callable[[], int | None] = lambda: None
         self._epoch_token = 0
-        self._boundary = 0  # where the next epoch's positions start in _seq
+        self._boundary = 0  # the step where the next epoch starts
         self._stopped = False
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._ready = False  # the pool's threads were started ahead (ready())
         self._thread: threading.Thread | None = None
         _live.add(self)
 
@@ -158,6 +203,7 @@ class Fetcher:
                     self._stats.fetch_busy_s += time.monotonic() - self._busy_since
                 self._reserved -= entry.size
                 self._fetching[i] = False
+                self._changed += 1
                 self._cond.notify_all()
         with self._cond:
             self._stats.bytes_fetched += n
@@ -165,14 +211,14 @@ class Fetcher:
 
     # ------------------------------------------------------------------ room and eviction
     def _next_use(self, files: np.ndarray, pos: int) -> np.ndarray:
-        """Per file, the plan position (samples from the epoch's start) where its shard is next
-        read at or after `pos`; _INF if not again this epoch. Without a plan: older use = sooner
-        gone (least recently used), as negative times."""
-        if self._occ_order is None:
+        """Per file, the step of the plan where its shard is next read at or after step `pos`;
+        _INF if not within the window of the plan held. Without a plan: older use = sooner gone
+        (least recently used), as negative times."""
+        if self._occ_steps is None:
             return -self._last_use[files]
         out = np.full(len(files), _INF, dtype=np.int64)
         for j, k in enumerate(self.shard_of_file[files]):
-            occ = self._occ_order[self._occ_start[k]:self._occ_start[k + 1]]
+            occ = self._occ_steps[self._occ_start[k]:self._occ_start[k + 1]]
             at = np.searchsorted(occ, pos)
             if at < len(occ):
                 out[j] = occ[at]
@@ -186,7 +232,7 @@ class Fetcher:
         fresh = False
         while True:
             on_disk = self._scan_locked(fresh)
-            used = sum(self.entries[i].size for i in on_disk) + self._reserved
+            used = self._on_disk_bytes + self._reserved
             if used + nbytes <= self.limit:
                 self._reserved += nbytes
                 return True
@@ -218,11 +264,12 @@ class Fetcher:
                               "read now or by downloads in flight; raise cache_limit")
             self._cond.wait(0.05)
 
-    def _scan_locked(self, fresh: bool = False) -> list[int]:
+    def _scan_locked(self, fresh: bool = False) -> set[int]:
         """Files of this dataset complete in the cache folder (any process's). The folder is
         walked at most every _RESCAN_S seconds (or when `fresh`): between walks this process's
         own downloads and evictions keep the set exact, and other processes' are seen at the
-        next walk (and before any eviction decision, which always walks)."""
+        next walk (and before any eviction decision, which always walks). The set is the
+        fetcher's own: read it under the lock, do not change it."""
         now = time.monotonic()
         if fresh or self._on_disk is None or now - self._scanned_at > _RESCAN_S:
             on_disk = set()
@@ -230,34 +277,71 @@ class Fetcher:
                 i = self._by_rel.get(rel)
                 if i is not None and size == self.entries[i].size:
                     on_disk.add(i)
-            self._on_disk, self._scanned_at = on_disk, now
-        return list(self._on_disk)
+            if on_disk != self._on_disk:
+                self._on_disk = on_disk
+                self._on_disk_bytes = sum(self.entries[i].size for i in on_disk)
+                self._changed += 1
+            self._scanned_at = now
+        return self._on_disk
 
     def _note_locked(self, i: int, present: bool) -> None:
-        if self._on_disk is not None:
+        if self._on_disk is not None and (i in self._on_disk) != present:
             (self._on_disk.add if present else self._on_disk.discard)(i)
+            self._on_disk_bytes += self.entries[i].size if present else -self.entries[i].size
+            self._changed += 1
 
     # ------------------------------------------------------------------ plan-driven prefetch
+    def follow(self, plan: Plan, position: Callable[[], int | None], boundary: int | None = None) -> None:
+        """Follows a plan from now on: position() gives the steps the consumer has taken (None
+        once the run is over or abandoned: prefetch stops), plan.window(step) a stretch of the
+        plan from a step. Steps from `boundary` on are the next epoch's: prefetched only up to
+        _NEXT_EPOCH_SHARE of the limit (the run may end there). The prefetch thread asks for the
+        windows, so the caller (an iter()) never waits for one."""
+        with self._cond:
+            self._clear_plan_locked()
+            self._plan, self._position = plan, position
+            self._boundary = _INF if boundary is None else boundary
+            self._epoch_token += 1
+            self._ensure_thread_locked()
+            self._cond.notify_all()
+
     def start_epoch(self, seq: np.ndarray, position: Callable[[], int | None], boundary: int | None = None,
                     prefetch: bool = True) -> None:
-        """The shard of each sample this rank reads from here on, in order, and a function giving
-        how many of them the loader has handed out (None once that epoch is over or abandoned):
-        prefetch follows it from now on. Positions from `boundary` on are the next epoch's: they
-        are prefetched only up to _NEXT_EPOCH_SHARE of the limit (the run may end there).
-        prefetch=False (tests): eviction follows the plan, nothing is fetched ahead."""
+        """A whole plan at once: the shard of each sample from here on, in order, each sample its
+        own step (position(): samples handed out). prefetch=False (tests): eviction follows the
+        plan, nothing is fetched ahead."""
         seq = np.asarray(seq, dtype=np.int64)
-        order = np.argsort(seq, kind="stable")
-        counts = np.bincount(seq, minlength=len(self.shard_files))
         with self._cond:
-            self._seq = seq
-            self._occ_order = order.astype(np.int64)
-            self._occ_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            self._clear_plan_locked()
             self._position = position
             self._boundary = len(seq) if boundary is None else boundary
             self._epoch_token += 1
+            self._install_locked(PlanWindow(seq, np.arange(len(seq), dtype=np.int64), len(seq), True), 0)
             if prefetch:
                 self._ensure_thread_locked()
             self._cond.notify_all()
+
+    def _clear_plan_locked(self) -> None:
+        self._plan = None
+        self._seq = self._at = self._occ_steps = self._occ_start = self._occ_keys = None
+        self._window = (0, 0, True)
+
+    def _install_locked(self, w: PlanWindow, first: int) -> None:
+        seq = np.asarray(w.shards, dtype=np.int64)
+        # numpy sorts 16-bit keys by radix (4x faster than int64 on a window of 200K samples).
+        keys = seq.astype(np.uint16) if len(self.shard_files) <= 1 << 16 else seq
+        order = np.argsort(keys, kind="stable")
+        counts = np.bincount(seq, minlength=len(self.shard_files))
+        self._seq, self._at = seq, np.asarray(w.steps, dtype=np.int64)
+        self._occ_steps = self._at[order]
+        self._occ_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # (shard, index) keys in sorted order: each shard's next read at or after an index is one
+        # searchsorted for all shards at once (_ahead_locked).
+        self._occ_keys = seq[order] * (len(seq) + 1) + order
+        self._window = (first, w.end, w.last)
+        self._short, self._rounds = w.short and not w.last, 0
+        self._idle = None
+        self._changed += 1
 
     def stop(self) -> None:
         with self._cond:
@@ -269,6 +353,32 @@ class Fetcher:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def ready(self) -> None:
+        """Starts the prefetch thread and every download thread now (a Loader over the source was
+        built), not when the first epoch needs them: a thread started while the collation
+        threads and downloads hold the GIL in turns waits for its first turn, and downloads wait
+        for the threads (the 16th started 50-150 ms into epoch 1 on a loaded 2-core machine)."""
+        with self._cond:
+            self._ensure_thread_locked()
+            pool, n = self._pool, self.client.concurrency
+            if pool is None or self._ready:  # once: later Loaders find the threads there (maybe busy)
+                return
+            self._ready = True
+        started = threading.Barrier(n + 1)
+
+        def arrive() -> None:
+            try:
+                started.wait(timeout=5)
+            except threading.BrokenBarrierError:
+                pass
+
+        for _ in range(n):  # each waits for the others: the pool starts a thread for each
+            pool.submit(arrive)
+        try:
+            started.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+
     def _ensure_thread_locked(self) -> None:
         if self._thread is None and not self._stopped:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.client.concurrency),
@@ -277,34 +387,53 @@ class Fetcher:
                                             name="fastload-prefetch")
             self._thread.start()
 
+    def _refresh_window(self) -> bool:
+        """Asks the plan for a new window when the consumer has passed the middle of the one
+        held (or none is held yet); the plan is computed outside the lock. True if it did."""
+        with self._cond:
+            plan, token = self._plan, self._epoch_token
+            at = self._position() if plan is not None else None
+            if at is None or self._all_cached_locked():
+                return False
+            first, end, last = self._window
+            if self._seq is not None and (last or at < (first + end) // 2) and not (self._short and self._rounds):
+                return False
+        w = plan.window(at)
+        with self._cond:
+            if token == self._epoch_token:  # not replaced meanwhile
+                self._install_locked(w, at)
+        return True
+
     def _prefetch_round(self) -> float:
         """Starts the downloads the plan wants next and the bounds allow; returns how long to wait
         before the next round."""
+        if self._refresh_window():
+            return 0.0
         with self._cond:
-            if self._seq is None or self._stopped:
+            if self._seq is None or self._stopped or self._all_cached_locked():
                 return 0.2
             at = self._position()
-            if at is None:  # the epoch was abandoned or replaced: fetch nothing more for it
-                self._seq = self._occ_order = self._occ_start = None
+            if at is None:  # the run was abandoned or replaced: fetch nothing more for it
+                self._clear_plan_locked()
                 return 0.2
-            seq, pos = self._seq, min(at, len(self._seq))
-            window = seq[pos:pos + _WINDOW]
-            if not len(window):
+            start = int(np.searchsorted(self._at, at, side="left"))
+            if self._idle == (start, self._changed):
+                return 0.1  # the last round found nothing to do, and nothing has changed since
+            ahead, needed_at = self._ahead_locked(start)
+            if not len(ahead):
                 return 0.2
-            shards, first = np.unique(window, return_index=True)
-            ahead = shards[np.argsort(first)]
-            needed_at = np.sort(first) + pos
+            self._rounds += 1
             in_flight = int(self._fetching.sum())
             inflight_bytes = self._reserved
-            on_disk = set(self._scan_locked())
+            on_disk = self._scan_locked()
             span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
             next_epoch = 0  # of which the next epoch's
             started = 0
-            for k, at in zip(ahead.tolist(), needed_at.tolist()):
+            for k, when in zip(ahead, needed_at):
                 span += int(self.shard_bytes[k])
                 if span > self.limit:
                     break
-                if at >= self._boundary:
+                if when >= self._boundary:
                     next_epoch += int(self.shard_bytes[k])
                     if next_epoch > max(self.limit // _NEXT_EPOCH_SHARE, int(self.shard_bytes.max())):
                         break
@@ -314,7 +443,7 @@ class Fetcher:
                     size = self.entries[i].size
                     if in_flight >= self.client.concurrency or (inflight_bytes and inflight_bytes + size > self.max_inflight):
                         return 0.02
-                    if not self._make_room_locked(size, demand=False, needed_at=at):
+                    if not self._make_room_locked(size, demand=False, needed_at=when):
                         return 0.05
                     self._fetching[i] = True
                     in_flight += 1
@@ -322,7 +451,28 @@ class Fetcher:
                     started += 1
                     assert self._pool is not None
                     self._pool.submit(self._prefetch_one, i)
+            if not started:
+                self._idle = (start, self._changed)
             return 0.02 if started else 0.1
+
+    def _all_cached_locked(self) -> bool:
+        """Every file is in the cache (a dataset that fits, after its first epoch): there is
+        nothing to prefetch or evict, so no window of the plan is computed (a file another process
+        removes is seen at the next walk of the folder, and the plan is asked for again)."""
+        return len(self._scan_locked()) == len(self.entries)
+
+    def _ahead_locked(self, start: int) -> tuple[list[int], list[int]]:
+        """The shards the plan reads from index `start` of the window on, in the order of their
+        next read, and the step of that read: one searchsorted over the shards, not a pass over
+        the window's samples."""
+        n = len(self._seq) + 1
+        shards = np.arange(len(self.shard_files), dtype=np.int64)
+        at = np.searchsorted(self._occ_keys, shards * n + start)
+        found = at < self._occ_start[1:]  # else the shard is not read again in the window
+        shards, at = shards[found], at[found]
+        index = self._occ_keys[at] - shards * n
+        order = np.argsort(index, kind="stable")
+        return shards[order].tolist(), self._at[index[order]].tolist()
 
     def _prefetch_one(self, i: int) -> None:
         try:
@@ -332,11 +482,14 @@ class Fetcher:
         except Exception:  # noqa: BLE001 - the collation thread that needs it fetches it again and raises
             pass
 
-    def stats(self) -> StorageStats:
+    def stats(self, walk: bool = True) -> StorageStats:
+        """The counters; cached_bytes from a walk of the cache folder now (walk=False: as this
+        process last saw it, without touching the disk)."""
         with self._cond:
             s = StorageStats(**{k: getattr(self._stats, k) for k in StorageStats.__dataclass_fields__})
             s.requests = self.client.requests
-            s.cached_bytes = sum(self.entries[i].size for i in self._scan_locked(fresh=True))
+            self._scan_locked(fresh=walk)
+            s.cached_bytes = self._on_disk_bytes
             if self._active:
                 s.fetch_busy_s += time.monotonic() - self._busy_since
         return s

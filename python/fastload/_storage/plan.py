@@ -1,13 +1,19 @@
-"""What the Loader tells a remote source: its plan. Two hooks, called by the Loader for any
-source (they do nothing unless the source reads object storage): at construction, the check that
-the cache holds the shards one step reads; at each epoch's start, this rank's remaining sample
-order, which the fetcher prefetches along and evicts by."""
+"""What the Loader tells the remote sources it reads: its plan. Two hooks, called by the Loader
+with its schedule's RunOrder (_schedules.py) for any source (they do nothing unless a source
+reads object storage): at construction, the check that the cache holds the shards one step
+reads; at each run's start (iter() or split(), epochs, steps= or a Mix), the run's order, which
+each remote source's fetcher prefetches along and evicts by. A Mix's parts each follow their own
+samples of the order; every run mode is the same order of steps to the fetcher."""
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
+
+from .fetcher import PlanWindow
+
+_HORIZON = 1 << 20  # samples of the order (all sources) per window a fetcher holds
+_FIRST_STEPS = 4  # steps of a run's first window (then windows of _HORIZON samples)
 
 
 def _fetcher_of(source: Any) -> Any:
@@ -15,60 +21,95 @@ def _fetcher_of(source: Any) -> Any:
     return get() if callable(get) else None
 
 
-def _shard_of_samples(fetcher: Any, source: Any, plan: np.ndarray) -> np.ndarray:
+def _shard_ends(source: Any) -> np.ndarray:
     rows = source.shard_rows
-    ends = np.cumsum(np.asarray(rows if rows is not None else [len(source)], dtype=np.int64))
-    return np.searchsorted(ends, plan, side="right")
+    return np.cumsum(np.asarray(rows if rows is not None else [len(source)], dtype=np.int64))
 
 
-def attach_loader(loader: Any) -> None:
-    """At Loader construction: a cache_limit below the bytes of the shards one step of this rank
-    reads (epoch 0's plan) is an error naming both, never a hang later."""
-    source = loader._source
-    fetcher = _fetcher_of(source)
-    if fetcher is None:
+class _SourcePlan:
+    """One source's share of a RunOrder, a window at a time (the fetcher's Plan)."""
+
+    def __init__(self, order: Any, part: int):
+        self.order, self.part = order, part
+        source = order.sources[part]
+        self.lo = order.offsets[part]
+        self.hi = self.lo + len(source)
+        self.ends = _shard_ends(source)
+        self.only = len(order.sources) == 1
+        self.steps_per_window = 0
+
+    def window(self, at: int) -> PlanWindow:
+        order = self.order
+        short = not self.steps_per_window
+        # A run's first window is a few steps, so that their downloads start at once.
+        ids, counts = order.ids(at, at + (_FIRST_STEPS if short else self.steps_per_window))
+        if short and len(counts):
+            self.steps_per_window = max(1, _HORIZON // max(1, int(counts.max())))
+        end = at + len(counts)
+        steps = np.repeat(np.arange(at, end, dtype=np.int64), counts)
+        if not self.only:
+            mine = (ids >= self.lo) & (ids < self.hi)
+            ids, steps = ids[mine] - self.lo, steps[mine]
+        shards = np.searchsorted(self.ends, ids, side="right")
+        return PlanWindow(shards, steps, end, end >= order.steps, short)
+
+
+class RunStorage:
+    """The storage counters of one run (Loader.stats()): each remote source's since the run began,
+    added together; None when the loader reads no remote source."""
+
+    def __init__(self, sources: tuple[Any, ...]):
+        self.fetchers = [f for f in map(_fetcher_of, sources) if f is not None]
+        self.begin()
+
+    def begin(self) -> None:
+        """A run starts (before its threads do): its counters start from here."""
+        self.before = [f.stats(walk=False) for f in self.fetchers]
+
+    def stats(self) -> Any:
+        total = None
+        for f, before in zip(self.fetchers, self.before):
+            now = f.stats(walk=False).since(before)  # stats() may be called every few batches: no disk walk
+            total = now if total is None else total.plus(now)
+        return total
+
+
+def attach_loader(order: Any) -> RunStorage:
+    """At Loader construction, with the order of its first run: a cache_limit below the bytes of
+    the shards one step of this rank reads (in the first window of the plan, ~1M samples) is an error naming
+    both, never a hang later; then each remote source's fetcher readies its threads. Returns the
+    storage counters from now on."""
+    for part, source in enumerate(order.sources):
+        fetcher = _fetcher_of(source)
+        if fetcher is None:
+            continue
+        _check_room(fetcher, order, part)
+        fetcher.ready()
+    return RunStorage(order.sources)
+
+
+def _check_room(fetcher: Any, order: Any, part: int) -> None:
+    plan = _SourcePlan(order, part)
+    plan.window(0)  # the short first window sizes the full ones
+    w = plan.window(0)
+    if not len(w.shards):
         return
-    try:
-        plan = np.asarray(loader.plan(0), dtype=np.int64)
-    except (TypeError, ValueError):  # a loader with steps= or a Mix: its plan is by steps
-        return
-    if not len(plan):
-        return
-    b = loader.batch_size
-    shards = _shard_of_samples(fetcher, source, plan)
     k = len(fetcher.shard_bytes)
-    pairs = np.unique((np.arange(len(plan), dtype=np.int64) // b) * k + shards)
-    per_step = np.bincount(pairs // k, weights=fetcher.shard_bytes[pairs % k])
-    step = int(np.argmax(per_step))
-    need = int(per_step[step])
+    pairs = np.unique(w.steps * k + w.shards)
+    steps, at = np.unique(pairs // k, return_inverse=True)
+    per_step = np.bincount(at, weights=fetcher.shard_bytes[pairs % k])
+    worst = int(np.argmax(per_step))
+    need = int(per_step[worst])
     if need > fetcher.limit:
-        raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step {step} "
-                         f"of epoch 0 reads {int(np.count_nonzero(pairs // k == step))} shards): raise cache_limit, "
+        raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
+                         f"{int(steps[worst])} reads {int(np.count_nonzero(at == worst))} shards): raise cache_limit, "
                          "or use order='block' (fewer shards per step)")
 
 
-def epoch_started(loader: Any, epoch: int, run: Any, devices: int) -> None:
-    """At each epoch's start: the rest of this rank's plan goes to the fetcher, with the count of
-    batches handed out as the consumer's position."""
-    fetcher = _fetcher_of(loader._source)
-    if fetcher is None or devices != 1 or loader.config.stepped:
-        return  # split() and step-based runs: fetched on demand only
-    plan = np.asarray(loader.plan(epoch), dtype=np.int64)
-    b = loader.batch_size
-    full = loader._schedule.samplers(1)[0].num_batches(epoch)
-    skipped = max(0, full - run.num_batches(0)) * b  # a resumed epoch: its first batches are done
-    rest = plan[skipped:]
-    owner = weakref.ref(loader)
-
-    def position() -> int | None:
-        """Samples of `rest` handed out; None once this epoch is no longer the loader's."""
-        live = owner()
-        if live is None or live._schedule.run is not run or run.superseded or live._engine is None:
-            return None
-        return run.handed(0) * b
-
-    seq = _shard_of_samples(fetcher, loader._source, rest)
-    # The next epoch's order too: prefetch crosses the epoch boundary (a little: see
-    # Fetcher._prefetch_round), and eviction sees next uses beyond this epoch's end.
-    upcoming = _shard_of_samples(fetcher, loader._source, np.asarray(loader.plan(epoch + 1), dtype=np.int64))
-    fetcher.start_epoch(np.concatenate([seq, upcoming]), position, boundary=len(seq))
+def follow_run(order: Any) -> None:
+    """At each run's start: every remote source's fetcher follows its samples of the run's order
+    (prefetch along it, eviction by it), with the steps handed out as the consumer's position."""
+    for part, source in enumerate(order.sources):
+        fetcher = _fetcher_of(source)
+        if fetcher is not None:
+            fetcher.follow(_SourcePlan(order, part), order.position, boundary=order.boundary)
