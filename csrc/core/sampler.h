@@ -47,6 +47,12 @@ struct SamplerConfig {
   void validate() const;      // throws std::invalid_argument naming the field and value
 };
 
+// A configuration from the fields every caller sets (the Python binding, the C++ tests); the
+// shard fields and the partition keep their defaults. Not validated: the caller does that.
+SamplerConfig sampler_config(int64_t num_samples, int64_t batch_size, int64_t world_size, int64_t rank,
+                             uint64_t seed, bool shuffle, Order order = Order::Random, Even even = Even::Pad,
+                             bool drop_last = false, int64_t block_size = 4096);
+
 // The epoch's order of samples: position p in [0, size()) -> sample id. Shuffle off is the
 // identity. With Partition::Samples it orders the whole source (size() = num_samples); with
 // Partition::Shards it orders this rank's own shards (size() = their rows).
