@@ -26,8 +26,8 @@ SamplerConfig make_config(int64_t num_samples, int64_t batch_size, int64_t world
   // Parsed in this order, so that of two bad values the order's is the one reported.
   const Order parsed_order = parse_order(order);
   const Even parsed_even = parse_even(even);
-  SamplerConfig c = sampler_config(num_samples, batch_size, world_size, rank, seed, shuffle, parsed_order,
-                                   parsed_even, drop_last, block_size);
+  SamplerConfig c(num_samples, batch_size, world_size, rank, seed, shuffle, parsed_order, parsed_even, drop_last,
+                  block_size);
   c.partition = parse_partition(partition);
   c.shard_rows = std::move(shard_rows);
   c.window_shards = window_shards;

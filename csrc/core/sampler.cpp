@@ -34,23 +34,6 @@ Order parse_order(const std::string& s) { return parse_option<Order>("order", kO
 Even parse_even(const std::string& s) { return parse_option<Even>("even", kEvenNames, s); }
 Partition parse_partition(const std::string& s) { return parse_option<Partition>("partition", kPartitionNames, s); }
 
-SamplerConfig sampler_config(int64_t num_samples, int64_t batch_size, int64_t world_size, int64_t rank,
-                             uint64_t seed, bool shuffle, Order order, Even even, bool drop_last,
-                             int64_t block_size) {
-  SamplerConfig c;
-  c.num_samples = num_samples;
-  c.batch_size = batch_size;
-  c.world_size = world_size;
-  c.rank = rank;
-  c.seed = seed;
-  c.shuffle = shuffle;
-  c.order = order;
-  c.even = even;
-  c.drop_last = drop_last;
-  c.block_size = block_size;
-  return c;
-}
-
 void SamplerConfig::validate() const {
   if (num_samples <= 0) bad("dataset length", "must be positive", num_samples);
   if (batch_size <= 0) bad("batch_size", "must be positive", batch_size);

@@ -29,6 +29,14 @@ Even parse_even(const std::string& s);
 Partition parse_partition(const std::string& s);
 
 struct SamplerConfig {
+  SamplerConfig() = default;
+  // The fields every caller sets (the Python binding, the C++ tests); the shard fields and the
+  // partition keep their defaults. Not validated: the caller does that.
+  SamplerConfig(int64_t num_samples, int64_t batch_size, int64_t world_size, int64_t rank, uint64_t seed,
+                bool shuffle, Order order, Even even, bool drop_last, int64_t block_size)
+      : num_samples(num_samples), batch_size(batch_size), world_size(world_size), rank(rank), seed(seed),
+        shuffle(shuffle), order(order), even(even), drop_last(drop_last), block_size(block_size) {}
+
   int64_t num_samples = 0;
   int64_t batch_size = 1;
   int64_t world_size = 1;
@@ -46,12 +54,6 @@ struct SamplerConfig {
   Partition partition = Partition::Samples;
   void validate() const;      // throws std::invalid_argument naming the field and value
 };
-
-// A configuration from the fields every caller sets (the Python binding, the C++ tests); the
-// shard fields and the partition keep their defaults. Not validated: the caller does that.
-SamplerConfig sampler_config(int64_t num_samples, int64_t batch_size, int64_t world_size, int64_t rank,
-                             uint64_t seed, bool shuffle, Order order = Order::Random, Even even = Even::Pad,
-                             bool drop_last = false, int64_t block_size = 4096);
 
 // The epoch's order of samples: position p in [0, size()) -> sample id. Shuffle off is the
 // identity. With Partition::Samples it orders the whole source (size() = num_samples); with

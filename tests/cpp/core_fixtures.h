@@ -48,7 +48,7 @@ using std::chrono::milliseconds;
 inline SamplerConfig make_cfg(int64_t n, int64_t batch, int64_t world, int64_t rank, bool shuffle,
                        Order order = Order::Random, Even even = Even::Pad, bool drop_last = false,
                        uint64_t seed = 0, int64_t block_size = 4096) {
-  return sampler_config(n, batch, world, rank, seed, shuffle, order, even, drop_last, block_size);
+  return SamplerConfig(n, batch, world, rank, seed, shuffle, order, even, drop_last, block_size);
 }
 
 // The engine options of most cases: `threads` workers, `prefetch` batches ahead, batches of
