@@ -27,6 +27,7 @@ import fastload as fl
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_loader import machine_lines  # noqa: E402
+from page_cache import evict  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -54,15 +55,6 @@ def resident_pages(path: Path) -> int:
         return int(np.frombuffer(vec, dtype=np.uint8).__and__(1).sum())
     finally:
         mm.close()
-
-
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def spread(xs: list[float]) -> str:

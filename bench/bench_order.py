@@ -26,6 +26,8 @@ import fastload as fl
 from fastload._sources.arrays import _declare_shards
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from page_cache import evict  # noqa: E402
 BAR = 3.0  # block >= 3x random (issue 8)
 
 
@@ -54,15 +56,6 @@ def ensure_file(path: Path, rows: int, row_bytes: int) -> None:
     os.fsync(fd)
     os.close(fd)
     os.replace(tmp, path)
-
-
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def measure(path: Path, shard_rows: int, order: str, seed: int, seconds: float, batch: int,

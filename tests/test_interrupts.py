@@ -12,31 +12,10 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from ctrl_c import Interrupts
 
 
-class _Interrupts:
-    """Raises KeyboardInterrupt in the main thread every `interval` seconds while `armed`, as a
-    user pressing Ctrl-C at random moments would. Disarmed, a signal is ignored: the test's own
-    bookkeeping outside its try blocks is never interrupted."""
-
-    def __init__(self, interval: float):
-        self.interval = interval
-        self.armed = False
-
-    def __enter__(self):
-        def handler(signum, frame):
-            if self.armed:
-                raise KeyboardInterrupt
-        self.old = signal.signal(signal.SIGALRM, handler)
-        signal.setitimer(signal.ITIMER_REAL, self.interval, self.interval)
-        return self
-
-    def __exit__(self, *exc):
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        signal.signal(signal.SIGALRM, self.old)
-
-
-def _consume(it, got: list, irq: _Interrupts, limit: int = -1) -> int:
+def _consume(it, got: list, irq: Interrupts, limit: int = -1) -> int:
     """Takes the batches of `it` into `got` (all, or until there are `limit`), resuming the same
     iterator after each interrupt; returns how many interrupts arrived."""
     interrupts = 0
@@ -64,7 +43,7 @@ def test_ctrl_c_never_loses_or_repeats_a_batch(prefetch):
     loader = fl.Loader(fl.Dataset({"x": np.arange(n)}), bs, shuffle=True, with_index=True, prefetch=prefetch,
                        device="cpu")
     got: list = []
-    with _Interrupts(0.0005) as irq:
+    with Interrupts(0.0005) as irq:
         interrupts = _consume(iter(loader), got, irq)
     state = loader.state_dict()
     ids = np.concatenate([b["index"].numpy() for b in got])
@@ -80,7 +59,7 @@ def test_the_state_is_exact_after_interrupts_mid_epoch():
     loader = fl.Loader(fl.Dataset({"x": np.arange(4000)}), bs, shuffle=True, with_index=True, device="cpu")
     it = iter(loader)
     got: list = []
-    with _Interrupts(0.0003) as irq:
+    with Interrupts(0.0003) as irq:
         assert _consume(it, got, irq, limit=200) > 0
     state = loader.state_dict()
     got = [b["index"].numpy() for b in got]

@@ -17,6 +17,7 @@ import fastload as fl
 from fastload import _C
 
 import mix_reference as ref
+from elastic import four_to_two
 
 
 # ---------------------------------------------------------------- helpers
@@ -187,16 +188,8 @@ def test_resume_at_every_step():
 def test_elastic_resume_from_four_ranks_to_two_with_the_same_global_batch():
     mix, _, _ = make_mix([23, 9, 14], [5, 2, 3])
     kw = dict(steps=12, shuffle=True, seed=7, with_index=True)
-    four = [fl.Loader(mix, 3, rank=r, world_size=4, **kw) for r in range(4)]
-    its = [iter(x) for x in four]
-    for _ in range(4):
-        for it in its:
-            next(it)
-    state = four[2].state_dict()
-    two = [fl.Loader(mix, 6, rank=r, world_size=2, **kw) for r in range(2)]
-    for x in two:
-        x.load_state_dict(state)
-    rest = [[b["index"].numpy() for b in x] for x in two]
+    _, rest = four_to_two(lambda b, r, w: fl.Loader(mix, b, rank=r, world_size=w, **kw), 3, steps=4,
+                          saved_rank=2)
     assert [len(r) for r in rest] == [8, 8]
     for r in range(2):
         expected = reference([23, 9, 14], [5, 2, 3], seed=7, batch_size=6, world=2, rank=r, first=4, end=12)

@@ -17,54 +17,11 @@ import pytest
 
 import fastload as fl
 from conftest import native_thread_count
+from ctrl_c import Interrupts, index_ids, step_loop
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs setitimer")
 
 N = 3000
-
-
-class _Every:
-    """Raises KeyboardInterrupt from SIGALRM every `interval` s while armed."""
-
-    def __init__(self, interval: float):
-        self.interval, self.armed, self.count = interval, False, 0
-
-    def __enter__(self):
-        # A handler runs wherever the interpreter is: with gc on, inside a gc callback that another
-        # library registered (hypothesis does), where a raise is "ignored" and fails the test.
-        self.gc_was_enabled = gc.isenabled()
-        gc.disable()
-
-        def handler(signum, frame):
-            if self.armed:  # disarmed before raising: a second signal cannot hit the except block
-                self.armed = False
-                self.count += 1
-                raise KeyboardInterrupt
-        self.old = signal.signal(signal.SIGALRM, handler)
-        signal.setitimer(signal.ITIMER_REAL, self.interval, self.interval)
-        return self
-
-    def __exit__(self, *exc):
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        signal.signal(signal.SIGALRM, self.old)
-        if self.gc_was_enabled:
-            gc.enable()
-
-
-def step_loop(it, irq: _Every, steps: int) -> list[int]:
-    got: list = []
-    for _ in range(steps):
-        try:
-            irq.armed = True
-            batch = next(it, None)  # the end is None, not StopIteration: no except block to interrupt
-            if batch is None:
-                irq.armed = False
-                break
-            got.append(batch)  # a signal during append is handled after it: the test keeps every batch
-            irq.armed = False
-        except KeyboardInterrupt:
-            pass  # the handler disarmed itself
-    return [int(i) for b in got for i in b["index"]]
 
 
 def small_loader(**kw) -> fl.Loader:
@@ -75,8 +32,8 @@ def small_loader(**kw) -> fl.Loader:
 def test_a_step_loop_catching_ctrl_c_every_millisecond_keeps_nearly_every_batch():
     # Before: every interrupt that landed in next() lost its batch (102 of 102). What remains is a
     # signal in the last instant of next(), after its check: measured 1-3 in 100.
-    with _Every(0.001) as irq:
-        ids = step_loop(iter(small_loader()), irq, N + 100_000)
+    with Interrupts(0.001) as irq:
+        ids = index_ids(step_loop(iter(small_loader()), irq, N + 100_000))
     assert irq.count >= 20, "the timer did not interrupt the loop"
     assert len(ids) == len(set(ids)), "a batch was handed out twice"
     lost = N - len(ids)
@@ -89,7 +46,7 @@ def test_zip_and_islice_step_loops_lose_nothing():
     for wrap in (lambda it: zip(range(N), it), lambda it: ((0, b) for b in itertools.islice(it, N))):
         it = iter(small_loader())
         got: list = []
-        with _Every(0.001) as irq:
+        with Interrupts(0.001) as irq:
             while True:
                 try:
                     irq.armed = True
@@ -215,30 +172,12 @@ def test_the_stand_in_gpu_path_keeps_interrupted_batches_too():
         ds = fl.Dataset({"x": np.arange(n, dtype=np.int64)})
         loader = fl.Loader(ds, 1, device="cuda:0", num_threads=1, prefetch=1, with_index=True)
         loader._raw_device_batches = True
-        armed, count = [False], [0]
-        def handler(s, f):
-            if armed[0]:
-                armed[0] = False
-                count[0] += 1
-                raise KeyboardInterrupt
-        signal.signal(signal.SIGALRM, handler)
-        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
-        it, got = iter(loader), []
-        while True:
-            try:
-                armed[0] = True
-                batch = next(it, None)
-                if batch is None:
-                    armed[0] = False
-                    break
-                got.append(batch)
-                armed[0] = False
-            except KeyboardInterrupt:
-                pass
-        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        from ctrl_c import Interrupts, step_loop
+        with Interrupts(0.001) as irq:
+            got = step_loop(iter(loader), irq, n + 1_000_000)  # to its end
         ids = [int(np.frombuffer(b["index"].read(), np.int64)[0]) for b in got]
         assert len(ids) == len(set(ids))
-        print("lost", n - len(ids), "interrupts", count[0])
+        print("lost", n - len(ids), "interrupts", irq.count)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,6 +11,7 @@ import fastload as fl
 from fastload import _C
 
 import mix_reference as ref
+from elastic import four_to_two
 
 
 def epochs_concat(source, batch_size, epochs, **kw) -> np.ndarray:
@@ -137,17 +138,9 @@ def test_ranks_are_disjoint_equal_and_cover_each_global_step():
 def test_elastic_resume_with_the_same_global_batch():
     ds, _ = make(19)
     kw = dict(steps=12, shuffle=True, seed=3, with_index=True)
-    four = [fl.Loader(ds, 2, rank=r, world_size=4, **kw) for r in range(4)]
-    its = [iter(x) for x in four]
-    for _ in range(5):
-        for it in its:
-            next(it)
-    state = four[0].state_dict()
+    state, rest = four_to_two(lambda b, r, w: fl.Loader(ds, b, rank=r, world_size=w, **kw), 2, steps=5,
+                              saved_rank=0)
     assert state["step"] == 5 and state["global_batch_size"] == 8
-    two = [fl.Loader(ds, 4, rank=r, world_size=2, **kw) for r in range(2)]
-    for x in two:
-        x.load_state_dict(state)
-    rest = [[bt["index"].numpy() for bt in x] for x in two]
     single = fl.Loader(ds, 8, **kw).plan().reshape(12, 8)
     for s in range(7):
         assert sorted(np.concatenate([rest[0][s], rest[1][s]])) == sorted(single[5 + s])

@@ -23,17 +23,11 @@ SamplerConfig make_config(int64_t num_samples, int64_t batch_size, int64_t world
                           const std::string& even, bool drop_last, int64_t block_size,
                           const std::string& partition, std::vector<int64_t> shard_rows,
                           int64_t window_shards) {
-  SamplerConfig c;
-  c.num_samples = num_samples;
-  c.batch_size = batch_size;
-  c.world_size = world_size;
-  c.rank = rank;
-  c.seed = seed;
-  c.shuffle = shuffle;
-  c.order = parse_order(order);
-  c.even = parse_even(even);
-  c.drop_last = drop_last;
-  c.block_size = block_size;
+  // Parsed in this order, so that of two bad values the order's is the one reported.
+  const Order parsed_order = parse_order(order);
+  const Even parsed_even = parse_even(even);
+  SamplerConfig c(num_samples, batch_size, world_size, rank, seed, shuffle, parsed_order, parsed_even, drop_last,
+                  block_size);
   c.partition = parse_partition(partition);
   c.shard_rows = std::move(shard_rows);
   c.window_shards = window_shards;

@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "core/bit_mix.h"
+
 namespace fastload {
 
 namespace {
@@ -16,13 +18,8 @@ inline uint64_t load64(const unsigned char* p) {
   return v;
 }
 inline uint64_t mix(uint64_t acc, uint64_t word) { return rotl(acc + word * kMul2, 31) * kMul1; }
-inline uint64_t finish(uint64_t h) {  // a 64-bit finaliser: every input bit reaches every output bit
-  h ^= h >> 33;
-  h *= 0xFF51AFD7ED558CCDULL;
-  h ^= h >> 33;
-  h *= 0xC4CEB9FE1A85EC53ULL;
-  h ^= h >> 33;
-  return h;
+inline uint64_t finish(uint64_t h) {  // every input bit reaches every output bit (murmur3's fmix64)
+  return xorshift_multiply<uint64_t, 33, 0xFF51AFD7ED558CCDULL, 33, 0xC4CEB9FE1A85EC53ULL, 33>(h);
 }
 }  // namespace
 

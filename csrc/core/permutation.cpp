@@ -23,33 +23,30 @@ uint32_t low_mask(int bits) { return bits >= 32 ? ~uint32_t{0} : ((uint32_t{1} <
 struct Network {
   int right_bits;
   uint32_t left_mask, right_mask;
-  uint32_t k0, k1, k2, k3, k4, k5;
+  uint32_t k[Permutation::kRounds];
 };
 
-__attribute__((always_inline)) inline uint64_t network_forward(const Network& f, uint64_t x) {
+// Even rounds change the left half, odd rounds the right. Forward runs the rounds in order,
+// backward in reverse; the loop is unrolled, so each round's half and key are compile-time choices.
+template <bool kBackward>
+__attribute__((always_inline)) inline uint64_t network(const Network& f, uint64_t x) {
   uint32_t left = static_cast<uint32_t>(x >> f.right_bits);
   uint32_t right = static_cast<uint32_t>(x) & f.right_mask;
-  left ^= mix32(right ^ f.k0) & f.left_mask;
-  right ^= mix32(left ^ f.k1) & f.right_mask;
-  left ^= mix32(right ^ f.k2) & f.left_mask;
-  right ^= mix32(left ^ f.k3) & f.right_mask;
-  left ^= mix32(right ^ f.k4) & f.left_mask;
-  right ^= mix32(left ^ f.k5) & f.right_mask;
+#pragma GCC unroll 6  // Permutation::kRounds (a pragma takes no named constant)
+  for (int i = 0; i < Permutation::kRounds; ++i) {
+    const int r = kBackward ? Permutation::kRounds - 1 - i : i;
+    if (r % 2 == 0)
+      left ^= mix32(right ^ f.k[r]) & f.left_mask;
+    else
+      right ^= mix32(left ^ f.k[r]) & f.right_mask;
+  }
   return (static_cast<uint64_t>(left) << f.right_bits) | right;
 }
 
-// The rounds of network_forward in reverse order.
-inline uint64_t network_backward(const Network& f, uint64_t x) {
-  uint32_t left = static_cast<uint32_t>(x >> f.right_bits);
-  uint32_t right = static_cast<uint32_t>(x) & f.right_mask;
-  right ^= mix32(left ^ f.k5) & f.right_mask;
-  left ^= mix32(right ^ f.k4) & f.left_mask;
-  right ^= mix32(left ^ f.k3) & f.right_mask;
-  left ^= mix32(right ^ f.k2) & f.left_mask;
-  right ^= mix32(left ^ f.k1) & f.right_mask;
-  left ^= mix32(right ^ f.k0) & f.left_mask;
-  return (static_cast<uint64_t>(left) << f.right_bits) | right;
+__attribute__((always_inline)) inline uint64_t network_forward(const Network& f, uint64_t x) {
+  return network<false>(f, x);
 }
+inline uint64_t network_backward(const Network& f, uint64_t x) { return network<true>(f, x); }
 
 // Positions first, first + step, first + 2*step, ...: a rank's share of a step-based stream
 // (every world_size-th position) takes the same vector loop as a contiguous range.
@@ -174,9 +171,9 @@ Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t stream) : n_(n) {
 }
 
 namespace {
-static_assert(Permutation::kRounds == 6, "Network unrolls six rounds");
+static_assert(Permutation::kRounds == 6, "network() unrolls six rounds, network_of() copies six keys");
 Network network_of(int right_bits, uint32_t left_mask, uint32_t right_mask, const uint32_t* k) {
-  return {right_bits, left_mask, right_mask, k[0], k[1], k[2], k[3], k[4], k[5]};
+  return {right_bits, left_mask, right_mask, {k[0], k[1], k[2], k[3], k[4], k[5]}};
 }
 }  // namespace
 

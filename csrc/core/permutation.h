@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/bit_mix.h"  // mix32, mix64
+
 namespace fastload {
 
 // A keyed bijection on [0, 2^bits) (an unbalanced, alternating Feistel network), restricted to
@@ -21,7 +23,7 @@ class Permutation {
   // out[i] = P[first + i * step] for i < count (positions < size()).
   void fill_strided(uint64_t first, uint64_t step, int64_t count, int64_t* out) const;
 
-  static constexpr int kRounds = 6;  // Network in permutation.cpp unrolls exactly these
+  static constexpr int kRounds = 6;  // network() in permutation.cpp unrolls exactly these
 
  private:
   uint64_t forward(uint64_t x) const;
@@ -33,25 +35,5 @@ class Permutation {
   uint32_t left_mask_ = 0, right_mask_ = 0;
   uint32_t keys_[kRounds] = {};
 };
-
-// A 32-bit integer hash with low bias (two multiplies); the Feistel round function.
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
-// splitmix64 finaliser: the mixing function used for keys and rounds.
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 }  // namespace fastload

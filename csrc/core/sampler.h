@@ -29,6 +29,14 @@ Even parse_even(const std::string& s);
 Partition parse_partition(const std::string& s);
 
 struct SamplerConfig {
+  SamplerConfig() = default;
+  // The fields every caller sets (the Python binding, the C++ tests); the shard fields and the
+  // partition keep their defaults. Not validated: the caller does that.
+  SamplerConfig(int64_t num_samples, int64_t batch_size, int64_t world_size, int64_t rank, uint64_t seed,
+                bool shuffle, Order order, Even even, bool drop_last, int64_t block_size)
+      : num_samples(num_samples), batch_size(batch_size), world_size(world_size), rank(rank), seed(seed),
+        shuffle(shuffle), order(order), even(even), drop_last(drop_last), block_size(block_size) {}
+
   int64_t num_samples = 0;
   int64_t batch_size = 1;
   int64_t world_size = 1;

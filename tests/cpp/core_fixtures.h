@@ -39,11 +39,6 @@
 #include "core/pipeline.h"
 #include "core/sampler.h"
 #include "core/thread_pool.h"
-#include "core/array_source.h"
-#include "core/buffer_pool.h"
-#include "core/engine.h"
-#include "core/pipeline.h"
-#include "core/sampler.h"
 #include "harness.h"
 
 // The core's tests read its names unqualified.
@@ -53,17 +48,29 @@ using std::chrono::milliseconds;
 inline SamplerConfig make_cfg(int64_t n, int64_t batch, int64_t world, int64_t rank, bool shuffle,
                        Order order = Order::Random, Even even = Even::Pad, bool drop_last = false,
                        uint64_t seed = 0, int64_t block_size = 4096) {
-  SamplerConfig c;
-  c.num_samples = n;
-  c.batch_size = batch;
-  c.world_size = world;
-  c.rank = rank;
-  c.seed = seed;
-  c.shuffle = shuffle;
-  c.order = order;
-  c.even = even;
-  c.drop_last = drop_last;
-  c.block_size = block_size;
+  return SamplerConfig(n, batch, world, rank, seed, shuffle, order, even, drop_last, block_size);
+}
+
+// The engine options of most cases: `threads` workers, `prefetch` batches ahead, batches of
+// `batch` rows with an index part, and a valid part unless with_valid is false.
+inline EngineOptions engine_options(int threads, int64_t prefetch, int64_t batch, bool with_valid = true) {
+  EngineOptions o;
+  o.num_threads = threads;
+  o.prefetch = prefetch;
+  o.with_index = true;
+  o.with_valid = with_valid;
+  o.batch_size = batch;
+  return o;
+}
+
+// A column of `rows` rows, `pitch` bytes apart, of which a batch takes `row_bytes` each.
+inline ArrayColumn array_column(const char* name, const void* base, int64_t rows, int64_t pitch, int64_t row_bytes) {
+  ArrayColumn c;
+  c.name = name;
+  c.base = static_cast<const std::byte*>(base);
+  c.rows = rows;
+  c.pitch = pitch;
+  c.row_bytes = row_bytes;
   return c;
 }
 
@@ -142,13 +149,7 @@ struct Source {
   std::vector<ArrayColumn> specs() const {
     std::vector<ArrayColumn> s;
     auto add = [&](const char* name, const void* base, int64_t pitch, int64_t row_bytes) {
-      ArrayColumn c;
-      c.name = name;
-      c.base = static_cast<const std::byte*>(base);
-      c.rows = n;
-      c.pitch = pitch;
-      c.row_bytes = row_bytes;
-      s.push_back(c);
+      s.push_back(array_column(name, base, n, pitch, row_bytes));
     };
     add("id", ids.data(), 4, 4);
     add("wide", wide.data(), 24, 24);
@@ -169,6 +170,25 @@ constexpr uintptr_t kPartAlign = 256;
 // The columns an array source gathers (what the tests compare batches with).
 inline const std::vector<ArrayColumn>& columns_of(const std::shared_ptr<BatchSource>& source) {
   return dynamic_cast<const ArraySource&>(*source).columns();
+}
+
+// The ids of one step of a plan, and which of them are valid (not padding).
+struct StepIds {
+  std::vector<int64_t> ids;
+  std::unique_ptr<bool[]> valid;
+};
+inline StepIds step_ids(const EpochPlan& plan, const BatchSpan& span) {
+  StepIds out{std::vector<int64_t>(static_cast<size_t>(span.count)),
+              std::unique_ptr<bool[]>(new bool[static_cast<size_t>(span.count) + 1])};
+  plan.fill_ids(span, out.ids.data(), out.valid.get());
+  return out;
+}
+
+// Appends the valid ids of step `step` of `plan` to *ids.
+inline void append_valid_ids(const EpochPlan& plan, int64_t step, std::vector<int64_t>* ids) {
+  const StepIds got = step_ids(plan, plan.batch(step));
+  for (size_t i = 0; i < got.ids.size(); ++i)
+    if (got.valid[i]) ids->push_back(got.ids[i]);
 }
 
 // Returns "" when right, else what is wrong.
@@ -206,9 +226,9 @@ inline std::string batch_error(const std::vector<ArrayColumn>& columns, const Ba
     err << "step " << step << ": " << b.rows << " rows, expected " << span.count;
     return err.str();
   }
-  std::vector<int64_t> ids(static_cast<size_t>(span.count));
-  std::unique_ptr<bool[]> valid(new bool[static_cast<size_t>(span.count) + 1]);
-  plan.fill_ids(span, ids.data(), valid.get());
+  const StepIds expected = step_ids(plan, span);
+  const std::vector<int64_t>& ids = expected.ids;
+  const bool* valid = expected.valid.get();
   for (int64_t i = 0; i < span.count; ++i) {
     const int64_t id = ids[static_cast<size_t>(i)];
     if (L.with_index) {
@@ -313,14 +333,7 @@ inline int64_t consume_all(const BatchLayout& L, Pipeline& p, int output, std::v
     if (!native) hand_out(b);
     const std::string e = batch_error(columns_of(p.source()), L, plan, step, b);
     CHECK_MSG(e.empty(), "output " << output << ": " << e);
-    if (ids) {
-      const BatchSpan span = plan.batch(step);
-      std::vector<int64_t> got(static_cast<size_t>(span.count));
-      std::unique_ptr<bool[]> valid(new bool[static_cast<size_t>(span.count) + 1]);
-      plan.fill_ids(span, got.data(), valid.get());
-      for (int64_t i = 0; i < span.count; ++i)
-        if (valid[i]) ids->push_back(got[static_cast<size_t>(i)]);
-    }
+    if (ids) append_valid_ids(plan, step, ids);
     if (keep) keep->push_back(b);
     if (native) {
       b = Batch();

@@ -25,11 +25,25 @@ struct SchemaNode {
   std::vector<ArrowSchema*> kid_ptrs;
   ArrowSchema s{};
 };
-void release_schema(ArrowSchema* s) {
-  delete static_cast<SchemaNode*>(s->private_data);
-  s->release = nullptr;
+// The release callback of a root handed out by adopt(): deletes its node tree.
+template <typename Node, typename C>
+void release_tree(C* c) {
+  delete static_cast<Node*>(c->private_data);
+  c->release = nullptr;
   --g_live;
 }
+// The C struct of a root node (an ArrowSchema or ArrowArray, the node's member `c`), owning the
+// node and everything under it until released.
+template <typename Node, typename C>
+C adopt(std::unique_ptr<Node> root, C Node::*c) {
+  Node* n = root.release();
+  C out = n->*c;
+  out.private_data = n;
+  out.release = release_tree<Node, C>;
+  ++g_live;
+  return out;
+}
+
 std::unique_ptr<SchemaNode> field(const std::string& format, const std::string& name,
                                   std::vector<std::unique_ptr<SchemaNode>> kids = {}) {
   auto n = std::make_unique<SchemaNode>();
@@ -41,14 +55,7 @@ std::unique_ptr<SchemaNode> field(const std::string& format, const std::string& 
   n->s.children = n->kid_ptrs.data();
   return n;
 }
-ArrowSchema root_schema(std::unique_ptr<SchemaNode> root) {
-  SchemaNode* n = root.release();
-  ArrowSchema out = n->s;
-  out.private_data = n;
-  out.release = release_schema;
-  ++g_live;
-  return out;
-}
+ArrowSchema root_schema(std::unique_ptr<SchemaNode> root) { return adopt(std::move(root), &SchemaNode::s); }
 
 // An array node owning its buffers and children.
 struct ArrayNode {
@@ -58,11 +65,6 @@ struct ArrayNode {
   std::vector<ArrowArray*> kid_ptrs;
   ArrowArray a{};
 };
-void release_array(ArrowArray* a) {
-  delete static_cast<ArrayNode*>(a->private_data);
-  a->release = nullptr;
-  --g_live;
-}
 template <typename T>
 std::vector<std::byte> bytes_of(const std::vector<T>& v) {
   std::vector<std::byte> out(v.size() * sizeof(T));
@@ -85,14 +87,7 @@ std::unique_ptr<ArrayNode> node(int64_t length, int64_t null_count, int64_t offs
   n->a.children = n->kid_ptrs.data();
   return n;
 }
-ArrowArray root_array(std::unique_ptr<ArrayNode> root) {
-  ArrayNode* n = root.release();
-  ArrowArray out = n->a;
-  out.private_data = n;
-  out.release = release_array;
-  ++g_live;
-  return out;
-}
+ArrowArray root_array(std::unique_ptr<ArrayNode> root) { return adopt(std::move(root), &ArrayNode::a); }
 
 // A record batch of `rows` rows starting at global row `start`: id int64 (= global row), tokens
 // list<int32> (row r: r % 5 items, item k = r * 10 + k), flag bool (r % 3 == 0), maybe int32

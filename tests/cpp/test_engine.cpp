@@ -13,12 +13,8 @@ TEST_CASE(engine_batches_in_order_for_every_thread_count_and_prefetch) {
     for (int64_t prefetch : {1, 2, 4}) {
       for (bool with_index : {true, false}) {
         if (!with_index && threads != 4) continue;
-        EngineOptions o;
-        o.num_threads = threads;
-        o.prefetch = prefetch;
+        EngineOptions o = engine_options(threads, prefetch, 32);
         o.with_index = with_index;
-        o.with_valid = true;
-        o.batch_size = 32;
         Engine e(src.specs(), o);
         CHECK(e.num_threads() == threads && !e.closed());
         for (int64_t epoch : {0, 1}) {
@@ -60,12 +56,7 @@ TEST_CASE(engine_multiple_outputs_consumed_from_separate_threads) {
   };
   for (const Setup& setup : {Setup{6, {3, 4, 5}}, Setup{3, {0, 1, 2}}, Setup{2, {0, 1}}}) {
     for (int threads : {2, 4}) {
-      EngineOptions o;
-      o.num_threads = threads;
-      o.prefetch = 2;
-      o.with_index = true;
-      o.with_valid = true;
-      o.batch_size = 16;
+      EngineOptions o = engine_options(threads, 2, 16);
       Engine e(src.specs(), o);
       const SamplerConfig c = make_cfg(src.n, 16, setup.world, 0, true, Order::Random,
                                        Even::Mask, false, 11);
@@ -94,11 +85,7 @@ TEST_CASE(engine_multiple_outputs_consumed_from_separate_threads) {
 TEST_CASE(engine_multiple_outputs_round_robin_from_one_thread) {
   const Source src(1500);
   for (int64_t prefetch : {1, 2, 4}) {
-    EngineOptions o;
-    o.num_threads = 2;
-    o.prefetch = prefetch;
-    o.with_index = true;
-    o.batch_size = 8;
+    EngineOptions o = engine_options(2, prefetch, 8, /*with_valid=*/false);
     Engine e(src.specs(), o);
     const int outs = 3;
     const SamplerConfig c = make_cfg(src.n, 8, outs, 0, true, Order::Block, Even::Pad, false, 3, 64);
@@ -144,11 +131,7 @@ TEST_CASE(engine_multiple_outputs_round_robin_from_one_thread) {
 
 TEST_CASE(engine_cancel_and_restart_mid_epoch) {
   const Source src(3000);
-  EngineOptions o;
-  o.num_threads = 4;
-  o.prefetch = 3;
-  o.with_index = true;
-  o.batch_size = 24;
+  EngineOptions o = engine_options(4, 3, 24, /*with_valid=*/false);
   Engine e(src.specs(), o);
   const int64_t parts = num_parts(e);
   const SamplerConfig c = make_cfg(src.n, 24, 1, 0, true);
@@ -243,11 +226,7 @@ TEST_CASE(engine_destroyed_mid_epoch_while_workers_are_busy) {
   const Source src(600, 16384);
   const SamplerConfig c = make_cfg(src.n, 48, 1, 0, true);
   for (int it = 0; it < 12; ++it) {
-    EngineOptions o;
-    o.num_threads = 1 + it % 4;
-    o.prefetch = 1 + it % 3;
-    o.with_index = true;
-    o.batch_size = 48;
+    EngineOptions o = engine_options(1 + it % 4, 1 + it % 3, 48, /*with_valid=*/false);
     auto e = std::make_unique<Engine>(src.specs(), o);
     auto p = e->start(make_plans(c, {0}, it));
     Batch first;
@@ -283,11 +262,7 @@ TEST_CASE(engine_destroyed_mid_epoch_while_workers_are_busy) {
 
 TEST_CASE(engine_cancel_wakes_a_blocked_consumer_and_close_joins_busy_workers) {
   const Source src(300);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 2;
-  o.with_index = true;
-  o.batch_size = 10;
+  EngineOptions o = engine_options(2, 2, 10, /*with_valid=*/false);
   const SamplerConfig c = make_cfg(src.n, 10, 1, 0, true);
   for (int how = 0; how < 3; ++how) {  // 0: Pipeline::cancel, 1: Engine::start, 2: ~Engine
     auto gate = std::make_shared<GatedAllocator>();
@@ -352,11 +327,7 @@ TEST_CASE(engine_cancel_wakes_a_blocked_consumer_and_close_joins_busy_workers) {
 // fresh threads; the ones left behind finish safely when they are released (ASan/TSan check it).
 TEST_CASE(engine_leaves_stuck_threads_behind_under_a_stop_policy) {
   const Source src(300);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 2;
-  o.with_index = true;
-  o.batch_size = 10;
+  EngineOptions o = engine_options(2, 2, 10, /*with_valid=*/false);
   const SamplerConfig c = make_cfg(src.n, 10, 1, 0, true);
   for (int how = 0; how < 2; ++how) {  // 0: a new epoch, 1: close()
     auto gate = std::make_shared<GatedAllocator>();
@@ -386,12 +357,7 @@ TEST_CASE(engine_leaves_stuck_threads_behind_under_a_stop_policy) {
 
 TEST_CASE(engine_held_batches_never_block_and_never_change) {
   const Source src(2000);
-  EngineOptions o;
-  o.num_threads = 4;
-  o.prefetch = 2;
-  o.with_index = true;
-  o.with_valid = true;
-  o.batch_size = 16;
+  EngineOptions o = engine_options(4, 2, 16);
   auto alloc = std::make_shared<CountingAllocator>();
   auto e = std::make_unique<Engine>(src.specs(), o, alloc);
   const int64_t parts = num_parts(*e);
@@ -483,11 +449,7 @@ TEST_CASE(engine_fail_at_step_and_allocator_failure_surface_as_errors) {
   const Source src(500);
   for (int64_t fail_step : {0, 3, 9}) {
     for (int outs : {1, 2}) {
-      EngineOptions o;
-      o.num_threads = 3;
-      o.prefetch = 2;
-      o.with_index = true;
-      o.batch_size = 10;
+      EngineOptions o = engine_options(3, 2, 10, /*with_valid=*/false);
       Engine e(src.specs(), o);
       const SamplerConfig c = make_cfg(src.n, 10, outs, 0, true);
       std::vector<int64_t> ranks;
@@ -533,10 +495,8 @@ TEST_CASE(engine_fail_at_step_and_allocator_failure_surface_as_errors) {
   // 4 parts (no index, no valid): 24 allocations are 6 batches.
   {
     auto alloc = std::make_shared<CountingAllocator>(24);
-    EngineOptions o;
-    o.num_threads = 2;
-    o.prefetch = 2;
-    o.batch_size = 10;
+    EngineOptions o = engine_options(2, 2, 10, /*with_valid=*/false);
+    o.with_index = false;
     {
       Engine e(src.specs(), o, alloc);
       CHECK(num_parts(e) == 4);
@@ -621,12 +581,7 @@ TEST_CASE(engine_stress_restarts_with_concurrent_consumers) {
   // Random interleavings of: consumers on 3 outputs (each on its own thread), a new epoch started
   // mid-epoch, cancel(), and consumers that stop early. Every batch handed out must be right.
   const Source src(700);
-  EngineOptions o;
-  o.num_threads = 3;
-  o.prefetch = 2;
-  o.with_index = true;
-  o.with_valid = true;
-  o.batch_size = 6;
+  EngineOptions o = engine_options(3, 2, 6);
   auto e = std::make_unique<Engine>(src.specs(), o);
   const BatchLayout layout = e->layout();  // consumers may outlive the engine
   std::mt19937 rng(2024);

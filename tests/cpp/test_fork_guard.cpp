@@ -8,11 +8,7 @@
 
 TEST_CASE(fork_child_does_not_join_the_parents_threads) {
   const Source src(400);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 2;
-  o.with_index = true;
-  o.batch_size = 8;
+  EngineOptions o = engine_options(2, 2, 8, /*with_valid=*/false);
   auto* e = new Engine(src.specs(), o);
   auto p = e->start(make_plans(make_cfg(src.n, 8, 1, 0, true), {0}, 0));
   Batch b;
@@ -60,10 +56,8 @@ TEST_CASE(fork_child_destroying_pools_calls_no_deallocate) {
   held->hand_to_user();
   // An engine with spares in its pools too (a finished epoch).
   const Source src(64);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 2;
-  o.batch_size = 8;
+  EngineOptions o = engine_options(2, 2, 8, /*with_valid=*/false);
+  o.with_index = false;
   auto* e = new Engine(src.specs(), o, alloc);
   {
     auto p = e->start(make_plans(make_cfg(src.n, 8, 1, 0, true), {0}, 0));

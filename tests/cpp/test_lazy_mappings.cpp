@@ -87,6 +87,31 @@ std::vector<LazyFile> make_files(TempDir& dir, int n, int64_t rows) {
   return files;
 }
 
+// Column "x": the 8-byte rows of make_files' `files` files of `rows` rows each, one shard a file,
+// mapped on demand through `lazy`.
+ArrayColumn lazy_column(const std::shared_ptr<LazyFiles>& lazy, int files, int64_t rows) {
+  ArrayColumn col;
+  col.name = "x";
+  col.dtype = {1, 8};
+  col.row_shape = {8};
+  col.row_bytes = 8;
+  std::vector<Shard> shards(static_cast<size_t>(files), Shard{nullptr, rows, 8, nullptr, 0});
+  std::vector<int32_t> ids(static_cast<size_t>(files));
+  for (int k = 0; k < files; ++k) ids[static_cast<size_t>(k)] = k;
+  set_lazy_shards(col, shards, lazy, ids, {});
+  return col;
+}
+
+// How many bytes of `out` (the 8-byte rows gathered for `sample` from lazy_column) differ from
+// what make_files wrote for them.
+int64_t wrong_bytes(const std::vector<int64_t>& sample, const std::vector<uint8_t>& out, int64_t rows) {
+  int64_t wrong = 0;
+  for (size_t i = 0; i < sample.size(); ++i)
+    for (int64_t j = 0; j < 8; ++j)
+      if (out[i * 8 + static_cast<size_t>(j)] != byte_of(sample[i] / rows, sample[i] % rows, j)) ++wrong;
+  return wrong;
+}
+
 }  // namespace
 
 TEST_CASE(lazy_mappings_concurrent_pin_unpin_and_eviction_stay_within_budget_plus_pins) {
@@ -187,29 +212,14 @@ TEST_CASE(lazy_gather_matches_the_rows_in_memory_fixed_and_ragged) {
   constexpr int64_t kRows = 5;
   auto cache = std::make_shared<MappingCache>(3);
   auto lazy = std::make_shared<LazyFiles>(cache, make_files(dir, kFiles, kRows));
-  ArrayColumn col;
-  col.name = "x";
-  col.dtype = {1, 8};
-  col.row_shape = {8};
-  col.row_bytes = 8;
-  std::vector<Shard> shards;
-  std::vector<int32_t> ids;
-  for (int k = 0; k < kFiles; ++k) {
-    shards.push_back({nullptr, kRows, 8, nullptr, 0});
-    ids.push_back(static_cast<int32_t>(k));
-  }
-  set_lazy_shards(col, shards, lazy, ids, {});
+  const ArrayColumn col = lazy_column(lazy, kFiles, kRows);
   CHECK(col.rows == kFiles * kRows);
   std::mt19937_64 rng(3);
   std::vector<int64_t> sample(700);
   for (auto& s : sample) s = static_cast<int64_t>(rng() % static_cast<uint64_t>(col.rows));
   std::vector<uint8_t> out(sample.size() * 8);
   gather_rows(col, sample.data(), static_cast<int64_t>(sample.size()), reinterpret_cast<std::byte*>(out.data()));
-  bool same = true;
-  for (size_t i = 0; i < sample.size(); ++i)
-    for (int64_t j = 0; j < 8; ++j)
-      same &= out[i * 8 + static_cast<size_t>(j)] == byte_of(sample[i] / kRows, sample[i] % kRows, j);
-  CHECK(same);
+  CHECK(wrong_bytes(sample, out, kRows) == 0);
   CHECK(cache->stats().pinned == 0 && cache->stats().live <= 3);
 
   // Ragged: shard k has rows of k % 4 items (one byte each), values and offsets in two files.
@@ -251,7 +261,7 @@ TEST_CASE(lazy_gather_matches_the_rows_in_memory_fixed_and_ragged) {
   std::vector<int64_t> lengths(rs.size());
   gather_ragged(r, rs.data(), static_cast<int64_t>(rs.size()), reinterpret_cast<std::byte*>(slots.data()),
                 lengths.data());
-  same = true;
+  bool same = true;
   for (size_t i = 0; i < rs.size(); ++i) {
     const int64_t k = rs[i] / 3, row = rs[i] % 3, len = k % 4;
     same &= lengths[i] == len;
@@ -280,15 +290,7 @@ TEST_CASE(lazy_gather_from_threads_sharing_one_cache) {
   constexpr int64_t kRows = 3;
   auto cache = std::make_shared<MappingCache>(4);
   auto lazy = std::make_shared<LazyFiles>(cache, make_files(dir, kFiles, kRows));
-  ArrayColumn col;
-  col.name = "x";
-  col.dtype = {1, 8};
-  col.row_shape = {8};
-  col.row_bytes = 8;
-  std::vector<Shard> shards(kFiles, Shard{nullptr, kRows, 8, nullptr, 0});
-  std::vector<int32_t> ids(kFiles);
-  for (int k = 0; k < kFiles; ++k) ids[static_cast<size_t>(k)] = k;
-  set_lazy_shards(col, shards, lazy, ids, {});
+  const ArrayColumn col = lazy_column(lazy, kFiles, kRows);
   std::atomic<int64_t> bad{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t)
@@ -299,9 +301,7 @@ TEST_CASE(lazy_gather_from_threads_sharing_one_cache) {
       for (int round = 0; round < 300; ++round) {
         for (auto& s : sample) s = static_cast<int64_t>(rng() % static_cast<uint64_t>(col.rows));
         gather_rows(col, sample.data(), static_cast<int64_t>(sample.size()), reinterpret_cast<std::byte*>(out.data()));
-        for (size_t i = 0; i < sample.size(); ++i)
-          for (int64_t j = 0; j < 8; ++j)
-            if (out[i * 8 + static_cast<size_t>(j)] != byte_of(sample[i] / kRows, sample[i] % kRows, j)) ++bad;
+        bad += wrong_bytes(sample, out, kRows);
       }
     });
   for (auto& th : threads) th.join();

@@ -180,11 +180,7 @@ TEST_CASE(native_window_frees_a_place_only_on_retire) {
 // per part for the whole epoch, no free until the next start(), and exact with_user counts.
 TEST_CASE(held_batches_dropped_together_never_churn_the_pool) {
   const Source src(512);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 4;
-  o.with_index = true;
-  o.batch_size = 8;  // 64 batches
+  EngineOptions o = engine_options(2, 4, 8, /*with_valid=*/false);  // 64 batches
   auto alloc = std::make_shared<CountingAllocator>();
   Engine e(src.specs(), o, alloc);
   const int64_t parts = num_parts(e);
@@ -253,12 +249,7 @@ TEST_CASE(held_batches_dropped_together_never_churn_the_pool) {
 // CollationError, and a cancel is a status.
 TEST_CASE(bad_alloc_in_a_worker_stays_bad_alloc_and_cancel_is_a_status) {
   const Source src(400);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 2;
-  o.with_index = true;
-  o.with_valid = true;
-  o.batch_size = 10;
+  EngineOptions o = engine_options(2, 2, 10);
   const SamplerConfig c = make_cfg(src.n, 10, 1, 0, true);
   for (bool native : {false, true}) {
     // 6 parts a batch: the 20th allocation fails, inside the 4th batch's build.
@@ -336,11 +327,7 @@ TEST_CASE(two_consumers_on_one_output_take_every_batch_once) {
   // 16 KiB rows: building a batch takes longer than taking one, so both consumers wait in
   // next() at once, the situation where the old wake-up was lost.
   const Source src(1024, 16384);
-  EngineOptions o;
-  o.num_threads = 2;
-  o.prefetch = 4;
-  o.with_index = true;
-  o.batch_size = 4;  // 256 batches
+  EngineOptions o = engine_options(2, 4, 4, /*with_valid=*/false);  // 256 batches
   Engine e(src.specs(), o);
   const SamplerConfig c = make_cfg(src.n, 4, 1, 0, true);
   for (bool native : {false, true}) {
@@ -417,12 +404,7 @@ TEST_CASE(every_part_is_256_byte_aligned) {
   }
   const Source src(301);
   for (int64_t batch : {1, 7, 13}) {
-    EngineOptions o;
-    o.num_threads = 2;
-    o.prefetch = 2;
-    o.with_index = true;
-    o.with_valid = true;
-    o.batch_size = batch;
+    EngineOptions o = engine_options(2, 2, batch);
     Engine e(src.specs(), o);
     auto p = e.start(make_plans(make_cfg(src.n, batch, 1, 0, true, Order::Random, Even::Mask), {0}, 0));
     consume_all(e.layout(), *p, 0, nullptr);  // batch_error checks each part's alignment

@@ -36,7 +36,7 @@
 #include "cuda/handles.h"
 #include "cuda/memory.h"
 #include "cuda/transfer_engine.h"
-#include "harness.h"
+#include "core_fixtures.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define FASTLOAD_TSAN 1
@@ -44,8 +44,6 @@
 #define FASTLOAD_TSAN 0
 #endif
 
-using namespace fastload;
-using std::chrono::milliseconds;
 namespace api = fastload::cuda::api;
 
 namespace {
@@ -146,71 +144,31 @@ void check_all_released(const char* when) {
 
 // ---------------------------------------------------------------- data
 
-SamplerConfig make_cfg(int64_t n, int64_t batch, int64_t world, int64_t rank, bool shuffle,
-                       Even even = Even::Pad, uint64_t seed = 0) {
-  SamplerConfig c;
-  c.num_samples = n;
-  c.batch_size = batch;
-  c.world_size = world;
-  c.rank = rank;
-  c.seed = seed;
-  c.shuffle = shuffle;
-  c.even = even;
-  return c;
-}
-
 // Columns whose bytes are a known function of the row id: "x" int32 3*id+1, "feat" 96 bytes per
-// row, "odd" 3 bytes per row (a part whose size is no multiple of anything).
-struct Source {
+// row, "odd" 3 bytes per row (a part whose size is no multiple of anything). Not the core tests'
+// Source (core_fixtures.h): these are the columns of a device copy's edge cases.
+struct TransferSource {
   int64_t n;
   std::vector<int32_t> x;
   std::vector<uint8_t> feat, odd;
-  explicit Source(int64_t rows) : n(rows), x(rows), feat(rows * 96), odd(rows * 3) {
+  explicit TransferSource(int64_t rows) : n(rows), x(rows), feat(rows * 96), odd(rows * 3) {
     for (int64_t i = 0; i < n; ++i) x[i] = static_cast<int32_t>(3 * i + 1);
     for (size_t k = 0; k < feat.size(); ++k) feat[k] = static_cast<uint8_t>(k * 2654435761u >> 11);
     for (size_t k = 0; k < odd.size(); ++k) odd[k] = static_cast<uint8_t>(k * 7 + 3);
   }
   std::vector<ArrayColumn> specs() const {
-    std::vector<ArrayColumn> s;
-    auto add = [&](const char* name, const void* base, int64_t row_bytes) {
-      ArrayColumn c;
-      c.name = name;
-      c.base = static_cast<const std::byte*>(base);
-      c.rows = n;
-      c.pitch = row_bytes;
-      c.row_bytes = row_bytes;
-      s.push_back(c);
-    };
-    add("x", x.data(), 4);
-    add("feat", feat.data(), 96);
-    add("odd", odd.data(), 3);
-    return s;
+    return {array_column("x", x.data(), n, 4, 4), array_column("feat", feat.data(), n, 96, 96),
+            array_column("odd", odd.data(), n, 3, 3)};
   }
 };
-
-EngineOptions options(int64_t batch, int64_t prefetch, int threads = 2) {
-  EngineOptions o;
-  o.num_threads = threads;
-  o.prefetch = prefetch;
-  o.with_index = true;
-  o.with_valid = true;
-  o.batch_size = batch;
-  return o;
-}
-
-
-// The columns an array source gathers (what the tests compare batches with).
-const std::vector<ArrayColumn>& columns_of(const std::shared_ptr<BatchSource>& source) {
-  return dynamic_cast<const ArraySource&>(*source).columns();
-}
 
 // The bytes part `p` of a batch of `rows` rows must hold.
 std::vector<uint8_t> expected_part(const std::vector<ArrayColumn>& columns, const BatchLayout& L, const EpochPlan& plan,
                                    int64_t step, size_t p) {
   const BatchSpan span = plan.batch(step);
-  std::vector<int64_t> ids(static_cast<size_t>(span.count));
-  std::unique_ptr<bool[]> valid(new bool[static_cast<size_t>(span.count) + 1]);
-  plan.fill_ids(span, ids.data(), valid.get());
+  const StepIds expected = step_ids(plan, span);
+  const std::vector<int64_t>& ids = expected.ids;
+  const bool* valid = expected.valid.get();
   const size_t row = L.part_row_bytes[p];
   std::vector<uint8_t> out(row * static_cast<size_t>(span.count));
   for (int64_t i = 0; i < span.count; ++i) {
@@ -298,7 +256,7 @@ struct GpuLoader {
   std::shared_ptr<HostAllocator> pinned;
   std::shared_ptr<Pipeline> pipeline;
 
-  GpuLoader(const Source& src, const EngineOptions& o, const std::vector<int>& devices, int streams,
+  GpuLoader(const TransferSource& src, const EngineOptions& o, const std::vector<int>& devices, int streams,
             cuda::Misuse misuse = cuda::Misuse::None)
       : prefetch_(o.prefetch) {
     engine = std::make_unique<Engine>(src.specs(), o);
@@ -344,16 +302,6 @@ NextStatus next_blocking(cuda::TransferEngine& t, const Pipeline* epoch, api::CU
   }
 }
 
-const char* status_name(NextStatus s) {
-  switch (s) {
-    case NextStatus::Ok: return "Ok";
-    case NextStatus::End: return "End";
-    case NextStatus::Timeout: return "Timeout";
-    case NextStatus::Cancelled: return "Cancelled";
-  }
-  return "?";
-}
-
 // Takes every batch of output `d`, checks it against the plan (in order, values, device) and
 // releases it on `stream`. Returns how many it took; the valid ids go to *ids if given.
 int64_t consume_all(GpuLoader& L, int d, api::CUstream stream, std::vector<int64_t>* ids = nullptr) {
@@ -371,14 +319,7 @@ int64_t consume_all(GpuLoader& L, int d, api::CUstream stream, std::vector<int64
     }
     const std::string err = batch_error(columns_of(L.engine->source()), layout, plan, step, t.device(), b, stream);
     CHECK_MSG(err.empty(), "output " << d << ": " << err);
-    if (ids) {
-      const BatchSpan span = plan.batch(step);
-      std::vector<int64_t> got(static_cast<size_t>(span.count));
-      std::unique_ptr<bool[]> valid(new bool[static_cast<size_t>(span.count) + 1]);
-      plan.fill_ids(span, got.data(), valid.get());
-      for (int64_t i = 0; i < span.count; ++i)
-        if (valid[i]) ids->push_back(got[static_cast<size_t>(i)]);
-    }
+    if (ids) append_valid_ids(plan, step, ids);
     release(b, stream);
     ++step;
   }
@@ -404,14 +345,6 @@ class ExhaustedAfter final : public HostAllocator {
   std::atomic<int> left_;
 };
 
-bool exactly_once(std::vector<int64_t> ids, int64_t n) {
-  if (static_cast<int64_t>(ids.size()) != n) return false;
-  std::sort(ids.begin(), ids.end());
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[static_cast<size_t>(i)] != i) return false;
-  return true;
-}
-
 }  // namespace
 
 // ================================================================ correct use
@@ -421,16 +354,16 @@ bool exactly_once(std::vector<int64_t> ids, int64_t n) {
 // allocated once, never per batch.
 TEST_CASE(transfer_values_order_and_bounded_memory_for_every_stream_count) {
   start_clean();
-  const Source src(1000);
+  const TransferSource src(1000);
   for (int streams : {1, 2, 4}) {
     for (int64_t prefetch : {1, 4}) {
       {
-        GpuLoader L(src, options(24, prefetch), {0}, streams);
+        GpuLoader L(src, engine_options(2, prefetch, 24), {0}, streams);
         const int64_t parts = static_cast<int64_t>(L.engine->layout().num_parts());
         cuda::Stream consumer(L.transfers[0]->context());
         int64_t batches = 0;
         for (int64_t epoch : {0, 1}) {
-          L.start({EpochPlan(make_cfg(src.n, 24, 1, 0, true, Even::Mask, 7), epoch, 0)});
+          L.start({EpochPlan(make_cfg(src.n, 24, 1, 0, true, Order::Random, Even::Mask, false, 7), epoch, 0)});
           std::vector<int64_t> ids;
           batches += consume_all(L, 0, consumer.get(), &ids);
           CHECK_MSG(exactly_once(ids, src.n), "streams " << streams << " prefetch " << prefetch);
@@ -465,14 +398,14 @@ TEST_CASE(transfer_values_order_and_bounded_memory_for_every_stream_count) {
 TEST_CASE(transfer_split_onto_two_devices_from_one_pipeline) {
   start_clean();
   CHECK(cuda::device_count() >= 2);
-  const Source src(1501);
+  const TransferSource src(1501);
   for (int streams : {1, 2}) {
     {
-      GpuLoader L(src, options(16, 3, 3), {0, 1}, streams);
+      GpuLoader L(src, engine_options(3, 3, 16), {0, 1}, streams);
       CHECK(L.transfers[0]->device() == 0 && L.transfers[1]->device() == 1);
       for (int64_t epoch : {0, 1}) {
-        L.start({EpochPlan(make_cfg(src.n, 16, 2, 0, true, Even::Mask, 3), epoch, 0),
-                 EpochPlan(make_cfg(src.n, 16, 2, 1, true, Even::Mask, 3), epoch, 0)});
+        L.start({EpochPlan(make_cfg(src.n, 16, 2, 0, true, Order::Random, Even::Mask, false, 3), epoch, 0),
+                 EpochPlan(make_cfg(src.n, 16, 2, 1, true, Order::Random, Even::Mask, false, 3), epoch, 0)});
         std::vector<std::vector<int64_t>> ids(2);
         std::vector<std::thread> consumers;
         for (int d = 0; d < 2; ++d)
@@ -499,9 +432,9 @@ TEST_CASE(transfer_split_onto_two_devices_from_one_pipeline) {
 // stream has drained.
 TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
   start_clean();
-  const Source src(600);
+  const TransferSource src(600);
   {
-    GpuLoader L(src, options(20, 1), {0}, 2);
+    GpuLoader L(src, engine_options(2, 1, 20), {0}, 2);
     Setting slow("max_delay_us", 500);
     const BatchLayout& layout = L.engine->layout();
     cuda::Stream consumer(L.transfers[0]->context());
@@ -557,11 +490,11 @@ TEST_CASE(transfer_recycles_device_buffers_behind_async_readers) {
 // mid-epoch, at times that depend on the threads. The next epoch allocates nothing.
 TEST_CASE(transfer_epoch_allocates_nothing_after_its_first_batch) {
   start_clean();
-  const Source src(600);
+  const TransferSource src(600);
   for (int threads : {1, 3}) {
     {
       const int64_t prefetch = 3;
-      GpuLoader L(src, options(20, prefetch, threads), {0}, 2);
+      GpuLoader L(src, engine_options(threads, prefetch, 20), {0}, 2);
       const int64_t parts = static_cast<int64_t>(L.engine->layout().num_parts());
       cuda::Stream consumer(L.transfers[0]->context());
       for (int64_t epoch : {0, 1}) {
@@ -620,11 +553,11 @@ TEST_CASE(transfer_epoch_allocates_nothing_after_its_first_batch) {
 // stay readable after the engines are gone and keep their device's context alive.
 TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
   start_clean();
-  const Source src(640);
+  const TransferSource src(640);
   Setting slow("max_delay_us", 2000);
   // 1. start() mid-epoch: stop, then a whole new epoch on the same engines.
   {
-    GpuLoader L(src, options(16, 4), {0}, 2);
+    GpuLoader L(src, engine_options(2, 4, 16), {0}, 2);
     cuda::Stream consumer(L.transfers[0]->context());
     for (int it = 0; it < 4; ++it) {
       L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), it, 0)});
@@ -649,7 +582,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
   // cancelled and the engine stopped from other threads; the consumer gets Cancelled, and the
   // batches it holds are right once the copies ran.
   {
-    GpuLoader L(src, options(16, 4), {0}, 1);
+    GpuLoader L(src, engine_options(2, 4, 16), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     std::vector<cuda::DeviceBatch> held;
     NextStatus last = NextStatus::Ok;
@@ -707,7 +640,7 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
     std::shared_ptr<Pipeline> pipeline;
     auto consumer = std::make_unique<cuda::Stream>(cuda::PrimaryContext::retain(0));
     {
-      GpuLoader L(src, options(16, 4), {0}, 2);
+      GpuLoader L(src, engine_options(2, 4, 16), {0}, 2);
       L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 5, 0)});
       pipeline = L.pipeline;
       for (int64_t s = 0; s < 3; ++s) {
@@ -743,10 +676,10 @@ TEST_CASE(transfer_shutdown_while_copies_are_in_flight) {
 // CollationError it is) and an allocation failure. A fresh engine works afterwards.
 TEST_CASE(transfer_errors_surface_from_next) {
   start_clean();
-  const Source src(800);
+  const TransferSource src(800);
   // A failed copy.
   {
-    GpuLoader L(src, options(16, 2), {0}, 2);
+    GpuLoader L(src, engine_options(2, 2, 16), {0}, 2);
     cuda::Stream consumer(L.transfers[0]->context());
     std::string what;
     api::CUresult code = 0;
@@ -786,7 +719,7 @@ TEST_CASE(transfer_errors_surface_from_next) {
   check_all_released("after a failed copy");
   // A collation failure, through the transfer thread.
   {
-    GpuLoader L(src, options(16, 2), {0}, 1);
+    GpuLoader L(src, engine_options(2, 2, 16), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 0, 0)}, /*fail_at_step=*/4);
     std::string what, original;
@@ -820,7 +753,7 @@ TEST_CASE(transfer_errors_surface_from_next) {
   // collation thread's allocation fails, and the consumer gets a CollationError whose original
   // exception is still the std::bad_alloc.
   {
-    GpuLoader L(src, options(16, 2), {0}, 1);
+    GpuLoader L(src, engine_options(2, 2, 16), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     std::string what = "no error";
     bool bad_alloc = false;
@@ -851,7 +784,7 @@ TEST_CASE(transfer_errors_surface_from_next) {
   // Device memory exhausted (the stand-in's device is 1 byte): the transfer thread's first
   // cuMemAlloc fails, a DriverError naming the call and CUDA_ERROR_OUT_OF_MEMORY.
   {
-    GpuLoader L(src, options(16, 2), {0}, 1);
+    GpuLoader L(src, engine_options(2, 2, 16), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     std::string what = "no error";
     api::CUresult code = 0;
@@ -874,7 +807,7 @@ TEST_CASE(transfer_errors_surface_from_next) {
   check_all_released("after a device allocation failure");
   // The stand-in's countdowns switched themselves off; a fresh loader is whole.
   {
-    GpuLoader L(src, options(16, 2), {0}, 2);
+    GpuLoader L(src, engine_options(2, 2, 16), {0}, 2);
     cuda::Stream consumer(L.transfers[0]->context());
     L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 2, 0)});
     consume_all(L, 0, consumer.get());
@@ -889,10 +822,10 @@ TEST_CASE(transfer_errors_surface_from_next) {
 // rethrowing), or close() frees them under the queued copies and collation may rewrite them.
 TEST_CASE(a_failed_copy_keeps_pinned_parts_until_queued_copies_ran) {
   start_clean();
-  const Source src(800);
+  const TransferSource src(800);
   bool threw = false;
   {
-    GpuLoader L(src, options(16, 2), {0}, 1);
+    GpuLoader L(src, engine_options(2, 2, 16), {0}, 1);
     cuda::Stream consumer(L.transfers[0]->context());
     {
       // The last batch's third copy fails (5 parts a batch, 50 batches): its first two copies are
@@ -968,11 +901,11 @@ TEST_CASE(an_old_iterator_never_takes_the_next_epochs_batch) {
   struct sigaction previous {};
   CHECK(sigaction(SIGUSR1, &sa, &previous) == 0);
   g_in_slow_handler = 0;
-  const Source src(320);
+  const TransferSource src(320);
   NextStatus got = NextStatus::Timeout;
   int64_t step = -1;
   {
-    EngineOptions o = options(16, 2, 1);
+    EngineOptions o = engine_options(1, 2, 16);
     Engine engine(src.specs(), o);
     cuda::TransferEngine te(0, 1, engine.layout_ptr(), o.prefetch);
     auto gate = std::make_shared<GatedPinned>(std::make_shared<cuda::PinnedAllocator>(te.context()));
@@ -1021,8 +954,8 @@ template <typename Body>
 std::vector<std::string> misuses_of(cuda::Misuse misuse, int64_t prefetch, int streams, Body body) {
   fake().reset_misuses();
   {
-    const Source src(640);
-    GpuLoader L(src, options(16, prefetch), {0}, streams, misuse);
+    const TransferSource src(640);
+    GpuLoader L(src, engine_options(2, prefetch, 16), {0}, streams, misuse);
     cuda::Stream consumer(L.transfers[0]->context());
     L.start({EpochPlan(make_cfg(src.n, 16, 1, 0, true), 0, 0)});
     body(L, consumer.get());
@@ -1105,9 +1038,9 @@ TEST_CASE(misuse_early_host_release_is_caught) {
 // into that memory must wait for the side stream's reads (the stand-in reports it otherwise).
 TEST_CASE(transfer_record_stream_and_releases_on_another_thread) {
   start_clean();
-  const Source src(800);
+  const TransferSource src(800);
   {
-    GpuLoader L(src, options(20, 2), {0}, 2);
+    GpuLoader L(src, engine_options(2, 2, 20), {0}, 2);
     Setting slow("max_delay_us", 300);
     const auto& ctx = L.transfers[0]->context();
     const BatchLayout& layout = L.engine->layout();
@@ -1179,9 +1112,9 @@ TEST_CASE(transfer_record_stream_and_releases_on_another_thread) {
 // cache to release) instead of a hang.
 TEST_CASE(transfer_out_of_memory_waits_then_says_why) {
   start_clean();
-  const Source src(600);
+  const TransferSource src(600);
   {
-    GpuLoader L(src, options(20, 2), {0}, 1);
+    GpuLoader L(src, engine_options(2, 2, 20), {0}, 1);
     const BatchLayout& layout = L.engine->layout();
     int64_t batch_bytes = 0;
     for (size_t p = 0; p < layout.num_parts(); ++p) batch_bytes += static_cast<int64_t>(layout.part_bytes(p));
@@ -1255,9 +1188,9 @@ TEST_CASE(transfer_threads_never_break_a_global_capture) {
   const auto begin = reinterpret_cast<Begin>(proc("cuStreamBeginCapture"));
   const auto end = reinterpret_cast<End>(proc("cuStreamEndCapture"));
   CHECK(begin && end);
-  const Source src(800);
+  const TransferSource src(800);
   {
-    GpuLoader L(src, options(20, 2), {0}, 2);
+    GpuLoader L(src, engine_options(2, 2, 20), {0}, 2);
     const auto& ctx = L.transfers[0]->context();
     ctx->make_current();
     cuda::Stream captured(ctx), consumer(ctx);

@@ -49,6 +49,12 @@ _EXIT_INTERRUPTED = 130  # the shell convention for "ended by SIGINT"
 
 
 # ---------------------------------------------------------------------------- arguments
+def _count_option(group: argparse._ArgumentGroup, flag: str, default: int, metavar: str, what: str) -> None:
+    """A positive whole number, its default said at the end of its help."""
+    group.add_argument(flag, type=positive_int, default=default, metavar=metavar,
+                       help=f"{what} (default: %(default)s)")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fastload",
@@ -59,12 +65,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                "num_threads/prefetch on your own data).",
     )
     data = parser.add_argument_group("dataset")
-    data.add_argument("--samples", type=positive_int, default=200_000, metavar="N",
-                      help="rows in the dataset (default: %(default)s)")
-    data.add_argument("--features", type=positive_int, default=256, metavar="F",
-                      help="features per row (default: %(default)s)")
-    data.add_argument("--classes", type=positive_int, default=10, metavar="C",
-                      help="label classes, at least 2 (default: %(default)s)")
+    _count_option(data, "--samples", 200_000, "N", "rows in the dataset")
+    _count_option(data, "--features", 256, "F", "features per row")
+    _count_option(data, "--classes", 10, "C", "label classes, at least 2")
     data.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                       help="storage dtype of the features (float16 halves the bytes read and moved; "
                            "the batch is cast to float32 on the device; default: %(default)s)")
@@ -73,12 +76,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                            "(default: a temporary folder removed at exit)")
 
     train = parser.add_argument_group("training")
-    train.add_argument("--steps", type=positive_int, default=400, metavar="N",
-                       help="optimizer steps; epochs are cycled with set_epoch as needed (default: %(default)s)")
-    train.add_argument("--batch-size", type=positive_int, default=512, metavar="B",
-                       help="samples per step (default: %(default)s)")
-    train.add_argument("--hidden", type=positive_int, default=512, metavar="H",
-                       help="width of the MLP's two hidden layers (default: %(default)s)")
+    _count_option(train, "--steps", 400, "N", "optimizer steps; epochs are cycled with set_epoch as needed")
+    _count_option(train, "--batch-size", 512, "B", "samples per step")
+    _count_option(train, "--hidden", 512, "H", "width of the MLP's two hidden layers")
     train.add_argument("--lr", type=positive_float, default=1e-3, help="Adam learning rate (default: %(default)s)")
     train.add_argument("--seed", type=int, default=0,
                        help="seed of the data, the model and the shuffle order (default: %(default)s)")
