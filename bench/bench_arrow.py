@@ -8,11 +8,13 @@ int64), batch 64, 2 workers/threads each, shuffled:
 - take_pool: 2 threads, one ds[ids] per batch as an Arrow table, numpy padding (the simplest fast thing)
 Parquet (the same rows, directories of snappy part files; row groups of ~128 MiB and small ones):
 - pq_block / pq_random: fl.Parquet(dir, max_length=512), order "block" (the default) / "random";
-  each epoch opens the files afresh (so every row group is decoded in every epoch, whatever the
-  cache holds: open and decode are in the time), 2 collation threads, fastload's decode threads
-  (each decoding one row group with pyarrow, use_threads=False)
+  whole epochs, each opening the files afresh (so every row group is decoded in every epoch,
+  whatever the cache holds: open and decode are in the time; random order over row groups is
+  timed over `seconds` instead, an epoch of it would take hours), 2 collation threads, fastload's
+  decode threads (each decoding one row group with pyarrow, use_threads=False)
 - pq_ceiling: pyarrow's own sequential iter_batches decode of the same columns at its defaults
-  (batch_size 65536, use_threads=True: pyarrow's CPU pool), no shuffle, no padding, no tensors
+  (batch_size 65536, use_threads=True: pyarrow's CPU pool), whole passes over the files, no
+  shuffle, no padding, no tensors
 - pq_ceiling_1t: the same with use_threads=False (one decoding thread)
 
 Each alternative runs in a fresh process (its peak RSS is its own, DataLoader workers included);
@@ -164,34 +166,32 @@ def forever(loader):
         yield from loader
 
 
-def parquet_epochs(root: Path, name: str, threads_used: dict):
-    """Batches of fl.Parquet, each epoch over a freshly opened source (its open in the time)."""
+def parquet_epoch(root: Path, name: str, info: dict, epoch: int):
+    """One epoch of fl.Parquet over a freshly opened source (its open and every decode in the time)."""
     import fastload as fl
     d = root / ("pq_small" if "small" in name else "pq_big")
     order = "random" if name.endswith("random") else "block"
-    for epoch in range(10**9):
-        t = time.perf_counter()
-        src = fl.Parquet(d, max_length={"input_ids": MAX_LEN}, cache_bytes=CACHE_MIB << 20)
-        loader = fl.Loader(src, batch_size=BATCH, shuffle=True, seed=epoch, order=order, num_threads=2,
-                           device="cpu", drop_last=True)
-        threads_used.setdefault("open_s", time.perf_counter() - t)
-        threads_used["decode_threads"] = src.decode_threads
-        yield from loader
-        threads_used["decodes"] = threads_used.get("decodes", 0) + src.decode_stats()[0]
+    t = time.perf_counter()
+    src = fl.Parquet(d, max_length={"input_ids": MAX_LEN}, cache_bytes=CACHE_MIB << 20)
+    loader = fl.Loader(src, batch_size=BATCH, shuffle=True, seed=epoch, order=order, num_threads=2,
+                       device="cpu", drop_last=True)
+    info.setdefault("open_s", time.perf_counter() - t)
+    info["decode_threads"] = src.decode_threads
+    yield from loader
+    info["decodes_per_epoch"] = src.decode_stats()[0]
+    src.close()
 
 
-def ceiling_batches(root: Path, name: str, info: dict):
+def ceiling_epoch(root: Path, name: str, info: dict, epoch: int):
     """pyarrow's sequential decode of the same columns, file after file, at its defaults."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     d = root / ("pq_small" if "small" in name else "pq_big")
-    files = sorted(str(p) for p in d.glob("part-*"))
     use_threads = not name.endswith("_1t")
     info["decode_threads"] = pa.cpu_count() if use_threads else 1
-    while True:
-        for f in files:
-            for rb in pq.ParquetFile(f).iter_batches(columns=["input_ids", "label"], use_threads=use_threads):
-                yield {"n": rb.num_rows}
+    for f in sorted(str(p) for p in d.glob("part-*")):
+        for rb in pq.ParquetFile(f).iter_batches(columns=["input_ids", "label"], use_threads=use_threads):
+            yield {"n": rb.num_rows}
 
 
 def run_one(name: str, root: Path, seconds: float) -> dict:
@@ -220,8 +220,20 @@ def run_one(name: str, root: Path, seconds: float) -> dict:
             it = (b for epoch in range(10**9) for b in take_batches(ds, epoch))
         warm = min(2.0, seconds / 2)
     elif name in PQ:
-        it = ceiling_batches(root, name, info) if "ceiling" in name else parquet_epochs(root, name, info)
-        warm = 0.0  # every epoch opens and decodes afresh: nothing to warm but the page cache
+        epoch_of = ceiling_epoch if "ceiling" in name else parquet_epoch
+        if not name.endswith("random"):
+            # Whole epochs, each opening the files afresh, until `seconds` have passed: with 128 MiB
+            # row groups the first batch of an epoch waits for a window of them to be decoded,
+            # so a part of an epoch would not measure the decoding rate.
+            start, rows, epoch = time.perf_counter(), 0, 0
+            while epoch == 0 or time.perf_counter() - start < seconds:
+                rows += sum(b["n"] if "n" in b else len(b["label"]) for b in epoch_of(root, name, info, epoch))
+                epoch += 1
+            elapsed = time.perf_counter() - start
+            return {"name": name, "rows_per_s": rows / elapsed, "peak_rss_mib": peak_rss_mib(), "epochs": epoch,
+                    "total_s": time.perf_counter() - t0, **info}
+        it = (b for epoch in range(10**9) for b in epoch_of(root, name, info, epoch))
+        warm = 0.0
     else:
         raise ValueError(name)
     warm_until = time.perf_counter() + warm
