@@ -172,6 +172,16 @@ void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t m
   }
 }
 
+// Group g decoded: rows [g * rows, (g + 1) * rows), sliced by g % slices; each holds "1000
+// bytes"; `calls` counts the decodes.
+RowGroupSource::Decode counting_decode(std::atomic<int64_t>& calls, int64_t rows, int64_t slices) {
+  return [&calls, rows, slices](int64_t g, int64_t* bytes) {
+    ++calls;
+    *bytes = 1000;
+    return batch_table(g * rows, rows, g % slices);
+  };
+}
+
 }  // namespace
 
 TEST_CASE(arrow_source_gathers_lists_bits_and_filled_nulls_from_sliced_batches) {
@@ -201,15 +211,10 @@ TEST_CASE(arrow_source_gathers_lists_bits_and_filled_nulls_from_sliced_batches) 
 TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {
   {
     constexpr int64_t kGroups = 24, kRows = 50;
-    auto schema = batch_table(0, 1);
     std::atomic<int64_t> decoding{0};
-    RowGroupSource::Decode decode = [&](int64_t g, int64_t* bytes) {
-      ++decoding;
-      *bytes = 1000;  // a budget of 3 groups: most are evicted and decoded again
-      return batch_table(g * kRows, kRows, g % 3);
-    };
-    RowGroupSource src(schema, requests(4), std::vector<int64_t>(kGroups, kRows),
-                       std::vector<std::string>(kGroups, "group"), decode, 3000, 1);
+    // A budget of 3 groups: most are evicted and decoded again.
+    RowGroupSource src(batch_table(0, 1), requests(4), std::vector<int64_t>(kGroups, kRows),
+                       std::vector<std::string>(kGroups, "group"), counting_decode(decoding, kRows, 3), 3000, 1);
     std::vector<std::thread> threads;
     std::atomic<int> done{0};
     for (int t = 0; t < 4; ++t)
@@ -273,15 +278,11 @@ TEST_CASE(row_group_decode_failure_fails_its_batches_and_no_thread_waits_forever
 TEST_CASE(row_group_decode_threads_read_the_plan_ahead) {
   {
     constexpr int64_t kGroups = 30, kRows = 40;
-    auto schema = batch_table(0, 1);
     std::atomic<int64_t> decoding{0};
-    RowGroupSource::Decode decode = [&](int64_t g, int64_t* bytes) {
-      ++decoding;
-      *bytes = 1000;  // a budget of 8 groups: 4 may wait decoded ahead
-      return batch_table(g * kRows, kRows, g % 2);
-    };
-    auto src = std::make_shared<RowGroupSource>(schema, requests(3), std::vector<int64_t>(kGroups, kRows),
-                                                std::vector<std::string>(kGroups, "group"), decode, 8000, 4, 2);
+    // A budget of 8 groups (4 may wait decoded ahead), windows of 4, 2 decode threads.
+    auto src = std::make_shared<RowGroupSource>(batch_table(0, 1), requests(3), std::vector<int64_t>(kGroups, kRows),
+                                                std::vector<std::string>(kGroups, "group"),
+                                                counting_decode(decoding, kRows, 2), 8000, 4, 2);
     CHECK(src->decode_threads() == 2);
     SamplerConfig cfg;
     cfg.num_samples = kGroups * kRows, cfg.batch_size = 16, cfg.shuffle = true, cfg.order = Order::Block;
