@@ -160,27 +160,36 @@ void RowGroupSource::decode_claimed(std::vector<std::pair<int64_t, Promise>>& cl
 
 void RowGroupSource::acquire(const std::vector<int64_t>& groups, std::vector<std::shared_ptr<const Decoded>>& out) {
   std::vector<std::shared_future<std::shared_ptr<const Decoded>>> ready(groups.size());
-  std::vector<std::pair<int64_t, Promise>> mine;  // the groups claimed here
-  mine.reserve(groups.size());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < groups.size(); ++i) {
-      auto it = cache_.find(groups[i]);
-      if (it == cache_.end()) {
-        mine.emplace_back(groups[i], Promise());
-        claim_locked(groups[i], mine.back().second, false);
-        it = cache_.find(groups[i]);
+  std::vector<bool> have(groups.size(), false);
+  // One group claimed at a time: the other groups this block needs stay free for the other
+  // collation threads and the decode threads to claim meanwhile (a new window's groups are then
+  // decoded side by side, not one after another by the first thread that needs them all).
+  for (;;) {
+    std::vector<std::pair<int64_t, Promise>> mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < groups.size(); ++i) {
+        if (have[i]) continue;
+        auto it = cache_.find(groups[i]);
+        if (it == cache_.end()) {
+          if (!mine.empty()) continue;  // next round
+          mine.emplace_back(groups[i], Promise());
+          claim_locked(groups[i], mine.back().second, false);
+          it = cache_.find(groups[i]);
+        }
+        Entry& e = it->second;
+        e.used = ++clock_;
+        if (e.unread) {
+          e.unread = false;
+          --unread_;
+        }
+        ready[i] = e.ready;  // holds the decoded group even if the cache lets it go
+        have[i] = true;
       }
-      Entry& e = it->second;
-      e.used = ++clock_;
-      if (e.unread) {
-        e.unread = false;
-        --unread_;
-      }
-      ready[i] = e.ready;
     }
+    if (mine.empty()) break;
+    decode_claimed(mine);
   }
-  decode_claimed(mine);
   out.resize(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) out[i] = ready[i].get();  // rethrows another thread's failed decode
 }
@@ -259,7 +268,7 @@ void RowGroupSource::read_ahead(const FillRequest& r) {
     // Another epoch (or a resumed one): what was read ahead for the last one is not wanted.
     scan_plan_ = r.plan;
     scan_epoch_ = plan.epoch();
-    scan_step_ = r.step + 1;
+    scan_step_ = r.step;  // this batch's groups too: the decode threads help with a new window
     {
       std::lock_guard<std::mutex> lock(queue_->mu);
       queue_->groups.clear();
@@ -270,7 +279,7 @@ void RowGroupSource::read_ahead(const FillRequest& r) {
     unread_ = 0;
   }
   start_decode_threads();
-  scan_step_ = std::max(scan_step_, r.step + 1);
+  scan_step_ = std::max(scan_step_, r.step);
   scan_ids_.resize(static_cast<size_t>(plan.max_batch_rows()));
   std::vector<int64_t> fresh;
   // A few batches per call, so that no batch waits long for its own filling thread's reading.

@@ -83,8 +83,9 @@ class RowGroupSource final : public BatchSource, public std::enable_shared_from_
     bool stop = false;
   };
 
-  // Claims the groups no thread has claimed yet and decodes them, then waits for the others'
-  // decodes: threads that need the same few groups (a block window's) decode them in parallel.
+  // Claims a group no thread has claimed yet and decodes it, one at a time, then waits for the
+  // others' decodes: threads that need the same few groups (a block window's) decode them in
+  // parallel, the decode threads among them.
   void acquire(const std::vector<int64_t>& groups, std::vector<std::shared_ptr<const Decoded>>& out);
   // Under mu_: a new entry for group g, claimed by the caller, who must keep `promise`.
   void claim_locked(int64_t g, Promise& promise, bool ahead);
