@@ -116,3 +116,14 @@ def check_batch(batch: dict, table: pa.Table, row_of: Any = None, **options: Any
         seen += 1
     assert seen, "no column compared"
     return len(ids)
+
+
+def batches_in_child(source: Any, loader_kwargs: dict) -> list[dict]:
+    """Run in a spawned process (the source arrives pickled): every batch of a Loader over it, as
+    numpy arrays and lists, for the parent to compare."""
+    import fastload as fl
+
+    out = []
+    for b in fl.Loader(source, **loader_kwargs):
+        out.append({k: (v if isinstance(v, list) else v.numpy()) for k, v in b.items()})
+    return out

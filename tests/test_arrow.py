@@ -408,8 +408,69 @@ def test_strings_as_lists_of_values():
             assert isinstance(b["s"], list) and isinstance(b["b"][0], bytes)
             total += check_batch(b, t, max_length={"ls": 8})
     assert total == 2 * n
-    with pytest.raises(ValueError, match="string columns \\['s'\\] as lists"):
+    with pytest.raises(ValueError, match="gives string columns \\[\\] as lists.*gives \\['s'\\]"):
         fl.Mix([fl.Arrow(t, ["id", "s"]), fl.Dataset({"id": np.arange(5)})])
+
+
+def test_mix_of_sources_with_strings_as_lists(tmp_path):
+    """A Mix carries each batch's string lists: every source's rows' values, in the batch's row order."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    words = ["", "a", "héllo", "日本語", "x" * 40]
+    a = pa.table({"id": np.arange(120), "s": [words[i % 5] * (i % 3) for i in range(120)],
+                  "b": pa.array([bytes([i % 256]) * (i % 4) for i in range(120)], pa.binary())})
+    b = pa.table({"id": np.arange(1000, 1090), "s": pa.array([f"row {i}" for i in range(90)]).dictionary_encode(),
+                  "b": pa.array([b"z" * (i % 5) for i in range(90)], pa.binary())})
+    pq.write_table(b, tmp_path / "b.parquet", row_group_size=16)
+    tables = [a, b.cast(pa.schema([("id", pa.int64()), ("s", pa.string()), ("b", pa.binary())]))]
+    for second in (fl.Arrow(b), fl.Parquet(tmp_path / "b.parquet")):
+        mix = fl.Mix({"a": fl.Arrow(a), "b": second}, with_source=True)
+        seen = 0
+        for threads in (1, 2):
+            for batch in fl.Loader(mix, batch_size=32, shuffle=True, seed=threads, num_threads=threads,
+                                   with_index=True, device="cpu"):
+                which, index = batch["source"].numpy(), batch["index"].numpy()
+                local = np.where(which == 0, index, index - len(a))
+                assert isinstance(batch["s"], list) and len(batch["s"]) == len(index)
+                for col in ("s", "b"):
+                    want = [tables[w].column(col)[int(i)].as_py() for w, i in zip(which, local)]
+                    assert batch[col] == want, col
+                np.testing.assert_array_equal(batch["id"].numpy(),
+                                              [tables[w].column("id")[int(i)].as_py() for w, i in zip(which, local)])
+                seen += len(index)
+        assert seen >= 2 * (len(a) + len(b))  # an epoch of the Mix, in whole batches
+        steps = fl.Loader(mix, batch_size=16, steps=12, shuffle=True, device="cpu")
+        assert all(len(x["s"]) == len(x["id"]) for x in steps)
+
+
+class _Unpicklable:
+    """An Arrow producer that does not pickle (a stream's reader and a lambda in it)."""
+
+    def __init__(self, table):
+        self.table, self.hook = table, lambda: None
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.table.__arrow_c_stream__(requested_schema)
+
+
+def test_arrow_pickles_through_its_producer(tmp_path):
+    import pickle
+
+    t = mixed_table(rows=150, chunks=3)
+    lengths = {"tokens": 6, "text": 6}
+    src = fl.Arrow(t, ["id", "vec", "tokens", "text", "animal"], max_length=lengths)
+    again = pickle.loads(pickle.dumps(src))
+    assert again.names == src.names and again.string_lists == ["animal"] and len(again) == len(src)
+    total = sum(check_batch(b, t, max_length=lengths) for b in fl.Loader(again, batch_size=32, shuffle=True,
+                                                                          with_index=True, device="cpu"))
+    assert total == len(t)
+    ds = hf_dataset(tmp_path).shuffle(seed=1).select(range(0, 400, 2))
+    hf = pickle.loads(pickle.dumps(fl.Arrow(ds, max_length={"input_ids": 5})))
+    mapping = ds._indices.column("indices").to_numpy()
+    total = sum(check_batch(b, ds.data.table, row_of=mapping, max_length={"input_ids": 5})
+                for b in fl.Loader(hf, batch_size=16, shuffle=True, with_index=True, device="cpu"))
+    assert total == len(ds)
+    with pytest.raises(TypeError, match="_Unpicklable.*cannot be pickled"):
+        pickle.dumps(fl.Arrow(_Unpicklable(t), ["id"]))
 
 
 def test_parquet_strings_as_lists(tmp_path):

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 import fastload as fl
 
@@ -196,3 +197,90 @@ def test_rewritten_file_refused(tmp_path):
     pq.write_table(make_table(10), target)
     with pytest.raises(ValueError, match="rewritten"):
         iter(loader)
+
+
+def test_decode_threads_read_the_order_ahead(tmp_path):
+    """The decode threads decode the row groups of the batches to come; the batches are the same
+    with or without them, whatever the collation threads, and block order still decodes each
+    row group about once."""
+    path, table = write_dir(tmp_path, parts=2, rows=3000, row_group_size=100)
+    kw = dict(batch_size=32, shuffle=True, seed=3, with_index=True, device="cpu")
+    runs = {}
+    for ahead in (0, 1, 3):
+        for threads in (1, 3):
+            src = fl.Parquet(path, ["id", "tokens", "text"], max_length=LENGTHS, decode_threads=ahead)
+            assert src.decode_threads == ahead
+            got = []
+            for b in fl.Loader(src, num_threads=threads, **kw):
+                check_batch(b, table, max_length=LENGTHS)
+                got.append(b["index"].tolist())
+            runs[(ahead, threads)] = got
+            decodes, _, ahead_decodes = src.decode_stats()
+            groups = len(src.shard_rows)
+            assert decodes <= groups + 2 * 8, (ahead, threads, decodes)  # about once per group
+            if ahead == 0:
+                assert ahead_decodes == 0
+            else:
+                assert ahead_decodes > 0, (ahead, threads)  # how many depends on the threads' timing
+            src.close()
+            src.close()  # twice is harmless
+    first = runs[(0, 1)]
+    assert all(r == first for r in runs.values())
+    with pytest.raises(ValueError, match="decode_threads"):
+        fl.Parquet(path, ["id"], decode_threads=-1)
+
+
+def test_decode_threads_stop_with_the_source(tmp_path):
+    import gc
+    import threading
+
+    path, _ = write_dir(tmp_path, parts=1, rows=500, row_group_size=50)
+    before = threading.active_count()
+    native_before = len(os.listdir("/proc/self/task"))
+    for _ in range(5):
+        src = fl.Parquet(path, ["id"], decode_threads=2)
+        it = iter(fl.Loader(src, batch_size=10, shuffle=True, device="cpu"))
+        next(it)
+        del it, src
+        gc.collect()
+    assert threading.active_count() == before
+    # The decode threads went with their sources (a loader's threads may take a moment).
+    for _ in range(100):
+        if len(os.listdir("/proc/self/task")) <= native_before + 2:
+            break
+        import time
+        time.sleep(0.05)
+    assert len(os.listdir("/proc/self/task")) <= native_before + 2
+
+
+def test_pickle_round_trip_and_spawned_process(tmp_path):
+    import multiprocessing
+    import pickle
+
+    from arrow_reference import batches_in_child
+
+    path, table = write_dir(tmp_path)
+    src = fl.Parquet(path, ["id", "tokens", "text"], max_length=LENGTHS, cache_bytes=1 << 20)
+    again = pickle.loads(pickle.dumps(src))
+    assert again.files == src.files and again.shard_rows == src.shard_rows and again.names == src.names
+    kw = dict(batch_size=32, shuffle=True, seed=2, with_index=True, device="cpu")
+    mine = [b["index"].tolist() for b in fl.Loader(src, **kw)]
+    total = 0
+    for b in fl.Loader(again, **kw):
+        total += check_batch(b, table, max_length=LENGTHS)
+    assert total == len(table)
+    # In a spawned process (as DDP's mp.spawn and spawned workers receive it).
+    text_src = fl.Arrow(table.select(["id", "text"]))  # strings as lists, from a pyarrow Table
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        got, got_text = pool.starmap(batches_in_child, [(src, kw), (text_src, kw)])
+    assert [b["index"].tolist() for b in got] == mine
+    for b in got:
+        check_batch({k: torch.from_numpy(v) for k, v in b.items()}, table, max_length=LENGTHS)
+    assert sum(len(b["text"]) for b in got_text) == len(table)
+    for b in got_text:
+        assert b["text"] == table.column("text").take(pa.array(b["index"])).to_pylist()
+    # A file rewritten since the source was opened: the copy refuses it.
+    blob = pickle.dumps(src)
+    pq.write_table(make_table(10), os.path.join(path, "part-00001.snappy.parquet"))
+    with pytest.raises(ValueError, match="rewritten"):
+        pickle.loads(blob)

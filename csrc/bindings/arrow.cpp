@@ -161,10 +161,11 @@ void register_arrow(py::module_& m) {
   }, py::arg("table"), py::arg("requests"), py::arg("indices"), py::arg("owners"));
 
   // decode(group) -> (an 'arrow_array_stream' capsule, bytes): called on the collation threads
-  // with the GIL taken (pyarrow releases it while it decodes).
+  // and the source's decode threads with the GIL taken (pyarrow releases it while it decodes).
   m.def("RowGroupSource", [](std::shared_ptr<ArrowTable> schema, const py::list& requests,
                              std::vector<int64_t> group_rows, std::vector<std::string> group_names,
-                             const py::object& decode, int64_t budget_bytes, int min_groups, py::object owners) {
+                             const py::object& decode, int64_t budget_bytes, int min_groups, int decode_threads,
+                             py::object owners) {
     auto fn = std::make_shared<PyRef>(PyRef::borrow(decode.ptr()));
     RowGroupSource::Decode call = [fn](int64_t group, int64_t* bytes) {
       GilScope gil;
@@ -182,15 +183,25 @@ void register_arrow(py::module_& m) {
     };
     auto source = std::make_shared<RowGroupSource>(std::move(schema), requests_of(requests), std::move(group_rows),
                                                    std::move(group_names), std::move(call), budget_bytes,
-                                                   min_groups);
+                                                   min_groups, decode_threads);
     return SourceHandle{std::move(source), std::move(owners)};
   }, py::arg("schema"), py::arg("requests"), py::arg("group_rows"), py::arg("group_names"), py::arg("decode"),
-     py::arg("budget_bytes"), py::arg("min_groups"), py::arg("owners"));
-  m.def("row_group_decodes", [](const SourceHandle& h) {
+     py::arg("budget_bytes"), py::arg("min_groups"), py::arg("decode_threads"), py::arg("owners"));
+  auto row_groups = [](const SourceHandle& h) {
     auto s = std::dynamic_pointer_cast<RowGroupSource>(h.source);
     if (!s) throw py::type_error("not a row-group source");
-    return py::make_tuple(s->decodes(), s->cached_bytes());
-  }, py::arg("source"), "(row groups decoded so far, bytes of decoded row groups cached now)");
+    return s;
+  };
+  m.def("row_group_decodes", [row_groups](const SourceHandle& h) {
+    auto s = row_groups(h);
+    return py::make_tuple(s->decodes(), s->cached_bytes(), s->decoded_ahead());
+  }, py::arg("source"), "(row groups decoded so far, bytes of decoded row groups cached now, of the decodes "
+                        "those by the decode threads)");
+  m.def("row_group_stop", [row_groups](const SourceHandle& h) {
+    auto s = row_groups(h);
+    py::gil_scoped_release nogil;  // a decode thread finishing its group takes the GIL
+    s->stop_decoding();
+  }, py::arg("source"), "stops and joins the source's decode threads");
 }
 
 }  // namespace fastload

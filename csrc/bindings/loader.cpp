@@ -25,7 +25,6 @@
 #include "bindings/testing.h"
 #include "bindings/without_gil.h"
 #include "core/arrow_source.h"
-#include "core/row_group_source.h"
 #include "cuda/driver.h"
 #include "runtime/loader_runtime.h"
 
@@ -99,8 +98,7 @@ class PyEngine {
     o.host_memory = std::move(shared_memory);
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
-    if (auto a = std::dynamic_pointer_cast<ArrowSource>(source.source)) string_lists_ = a->has_string_lists();
-    if (auto g = std::dynamic_pointer_cast<RowGroupSource>(source.source)) string_lists_ = g->has_string_lists();
+    string_lists_ = source.source->has_string_lists();
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
     threads_call_dataset_ = python_ && !o.host_memory;  // with worker processes, they wait on sockets
     set_stop_policy();

@@ -266,6 +266,24 @@ std::shared_ptr<ArrowStringLists> arrow_string_lists(const std::vector<const Arr
   return lists;
 }
 
+void append_arrow_string_lists(ArrowStringLists& into, const ArrowStringLists& from) {
+  if (into.names.empty()) {
+    into.names = from.names;
+    into.utf8 = from.utf8;
+    into.bytes.assign(from.names.size(), {});
+    into.offsets.assign(from.names.size(), std::vector<int64_t>(1, 0));
+    into.valid.assign(from.names.size(), {});
+  }
+  if (into.names != from.names || into.utf8 != from.utf8)
+    throw std::invalid_argument("the sources of a mixture give different string columns as lists");
+  for (size_t k = 0; k < from.names.size(); ++k) {
+    const int64_t shift = static_cast<int64_t>(into.bytes[k].size());
+    into.bytes[k].insert(into.bytes[k].end(), from.bytes[k].begin(), from.bytes[k].end());
+    for (size_t i = 1; i < from.offsets[k].size(); ++i) into.offsets[k].push_back(shift + from.offsets[k][i]);
+    into.valid[k].insert(into.valid[k].end(), from.valid[k].begin(), from.valid[k].end());
+  }
+}
+
 void collect_arrow_strings(const ArrowColumnPlan& col, const ArrowChunkView* const* views, const int64_t* row,
                            int64_t n, ArrowStringLists& lists, size_t k) {
   std::vector<char>& bytes = lists.bytes[k];
@@ -366,13 +384,14 @@ ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<Ar
     col.plan = plan_arrow_column(*table_, std::move(req));
     for (size_t c = 0; c < table_->num_chunks(); ++c) {
       col.chunks.push_back(arrow_chunk_view(*table_, c, col.plan));
-      if (!col.chunks.back().plain()) col.plain = false;
     }
     add_arrow_parts(col.plan, schema_);
     columns_.push_back(std::move(col));
   }
-  for (const Column& col : columns_)
+  for (const Column& col : columns_) {
+    plans_.push_back(&col.plan);
     if (col.plan.request.as_list) string_plans_.push_back(&col.plan);
+  }
   if (indices_) {
     const auto& cols = indices_->columns();
     if (cols.size() != 1 || cols[0].kind != ArrowKind::kFixed || cols[0].dictionary || cols[0].dtype.code == kFloat ||
@@ -388,16 +407,20 @@ ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<Ar
   }
 }
 
+std::shared_ptr<ArrowStringLists> attach_arrow_string_lists(const std::vector<const ArrowColumnPlan*>& plans,
+                                                            const FillRequest& r) {
+  if (plans.empty()) return nullptr;
+  auto lists = arrow_string_lists(plans, r.count);
+  if (r.extras) *r.extras = lists;
+  return lists;
+}
+
 void ArrowSource::fill(const FillRequest& r) {
-  const ArrowChunkView* views[kArrowBlock];
   size_t chunk[kArrowBlock];
   int64_t row[kArrowBlock];
   const std::vector<int64_t>& starts = table_->starts();
-  std::shared_ptr<ArrowStringLists> lists;
-  if (!string_plans_.empty()) {
-    lists = arrow_string_lists(string_plans_, r.count);
-    if (r.extras) *r.extras = lists;
-  }
+  const std::shared_ptr<ArrowStringLists> lists = attach_arrow_string_lists(string_plans_, r);
+  auto view_of = [&](size_t c, int64_t i) { return &columns_[c].chunks[chunk[i]]; };
   for (int64_t b = 0; b < r.count; b += kArrowBlock) {
     const int64_t n = std::min(kArrowBlock, r.count - b);
     for (int64_t i = 0; i < n; ++i) {
@@ -414,18 +437,7 @@ void ArrowSource::fill(const FillRequest& r) {
       chunk[i] = arrow_chunk_of(starts, id);
       row[i] = id - starts[chunk[i]];
     }
-    size_t p = 0, k = 0;
-    for (const Column& col : columns_) {
-      for (int64_t i = 0; i < n; ++i) views[i] = &col.chunks[chunk[i]];
-      if (col.plan.request.as_list) {
-        collect_arrow_strings(col.plan, views, row, n, *lists, k++);
-        continue;
-      }
-      std::byte* dst = r.parts[p++] + b * col.plan.row_bytes;
-      int64_t* lengths = col.plan.is_list() ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;
-      bool* valid = col.plan.request.with_valid ? reinterpret_cast<bool*>(r.parts[p++]) + b : nullptr;
-      gather_arrow_column(col.plan, views, row, n, col.plain, dst, lengths, valid);
-    }
+    gather_arrow_block(plans_, r, b, n, row, view_of, lists.get());
   }
 }
 

@@ -77,11 +77,45 @@ void gather_arrow_column(const ArrowColumnPlan& plan, const ArrowChunkView* cons
 // A string column asked for as a list: appends rows [0, n) of a block to column k of `lists`.
 void collect_arrow_strings(const ArrowColumnPlan& plan, const ArrowChunkView* const* views, const int64_t* rows,
                            int64_t n, ArrowStringLists& lists, size_t k);
+// Appends `from`'s rows after `into`'s (a mixture's batch, run by run); `into` without columns
+// takes `from`'s. Throws std::invalid_argument if both have columns and they differ.
+void append_arrow_string_lists(ArrowStringLists& into, const ArrowStringLists& from);
 // A list of the plans' string columns asked for as lists (names, types), ready to collect into.
 std::shared_ptr<ArrowStringLists> arrow_string_lists(const std::vector<const ArrowColumnPlan*>& plans, int64_t rows);
 
 // Blocks of this many rows are resolved at a time (on the stack).
 inline constexpr int64_t kArrowBlock = 256;
+
+// The string lists a batch of `r` carries for the string columns asked for as lists (`plans`),
+// attached to its extras; null when there are none.
+std::shared_ptr<ArrowStringLists> attach_arrow_string_lists(const std::vector<const ArrowColumnPlan*>& plans,
+                                                            const FillRequest& r);
+
+// One block of a batch: rows [b, b + n) of `r` for every column plans[c], row i being row rows[i]
+// of the chunk view view_of(c, i). Strings asked for as lists go to `lists`, the rest into the
+// request's parts (in schema order).
+template <typename ViewOf>
+void gather_arrow_block(const std::vector<const ArrowColumnPlan*>& plans, const FillRequest& r, int64_t b, int64_t n,
+                        const int64_t* rows, const ViewOf& view_of, ArrowStringLists* lists) {
+  const ArrowChunkView* views[kArrowBlock];
+  size_t p = 0, k = 0;
+  for (size_t c = 0; c < plans.size(); ++c) {
+    const ArrowColumnPlan& col = *plans[c];
+    bool plain = true;
+    for (int64_t i = 0; i < n; ++i) {
+      views[i] = view_of(c, i);
+      plain = plain && views[i]->plain();
+    }
+    if (col.request.as_list) {
+      collect_arrow_strings(col, views, rows, n, *lists, k++);
+      continue;
+    }
+    std::byte* dst = r.parts[p++] + b * col.row_bytes;
+    int64_t* lengths = col.is_list() ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;
+    bool* valid = col.request.with_valid ? reinterpret_cast<bool*>(r.parts[p++]) + b : nullptr;
+    gather_arrow_column(col, views, rows, n, plain, dst, lengths, valid);
+  }
+}
 
 class ArrowSource final : public BatchSource {
  public:
@@ -92,13 +126,12 @@ class ArrowSource final : public BatchSource {
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return size_; }
   void fill(const FillRequest& request) override;
-  bool has_string_lists() const { return !string_plans_.empty(); }
+  bool has_string_lists() const override { return !string_plans_.empty(); }
 
  private:
-  std::vector<const ArrowColumnPlan*> string_plans_;
+  std::vector<const ArrowColumnPlan*> plans_, string_plans_;  // into columns_
   struct Column {
     ArrowColumnPlan plan;
-    bool plain = true;
     std::vector<ArrowChunkView> chunks;
   };
   std::shared_ptr<const ArrowTable> table_, indices_;

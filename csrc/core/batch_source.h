@@ -14,6 +14,8 @@
 
 namespace fastload {
 
+class BatchPlan;
+
 // One part of a batch that a source fills: `row_bytes` bytes per sample, typed as `dtype` with
 // `row_shape` per sample (row_bytes == product(row_shape) * bits / 8).
 struct PartSchema {
@@ -43,6 +45,10 @@ struct FillRequest {
   const int64_t* local_ids = nullptr;
   const int64_t* source_rows = nullptr;
   int num_sources = 0;
+  // The plan the ids come from (the batch is its step `step`), for a source that reads ahead
+  // (the row groups of the batches to come); null where the ids are not the plan's own (a
+  // mixture's child sources).
+  const BatchPlan* plan = nullptr;
 };
 
 class BatchSource {
@@ -52,6 +58,9 @@ class BatchSource {
   virtual int64_t size() const = 0;  // samples; ids are in [0, size())
   // A mixture of sources reads FillRequest::local_ids and source_rows when the plan provides them.
   virtual bool wants_sources() const { return false; }
+  // Whether its batches carry string columns as lists (FillRequest::extras holds an
+  // ArrowStringLists, arrow_source.h): the bindings turn them into Python lists.
+  virtual bool has_string_lists() const { return false; }
   // Throws to fail the batch: the pipeline reports it with the batch and epoch, keeping the
   // original exception.
   virtual void fill(const FillRequest& request) = 0;

@@ -39,7 +39,11 @@ MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : child
                                     describe(a));
     }
     offsets_.push_back(offsets_.back() + children_[j]->size());
+    if (children_[j]->has_string_lists() != children_[0]->has_string_lists())
+      throw std::invalid_argument("mixture source " + std::to_string(j) + (children_[j]->has_string_lists() ? " gives" : " does not give") +
+                                  " string columns as lists, source 0" + (children_[0]->has_string_lists() ? " does" : " does not"));
   }
+  string_lists_ = children_[0]->has_string_lists();
   // Arrays of strided fixed-size columns (one part each; not sharded, not ragged) are read
   // straight from their columns.
   std::vector<const ArraySource*> arrays;
@@ -66,11 +70,12 @@ int MixSource::child_of(int64_t id) const {
 }
 
 void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t count, const int64_t* local_ids,
-                         std::byte** part_ptrs) {
+                         std::byte** part_ptrs, ArrowStringLists* lists) {
   for (size_t p = 0; p < schema_.size(); ++p)
     part_ptrs[p] = r.parts[p] + static_cast<size_t>(first) * schema_[p].row_bytes;
   std::shared_ptr<void> extras;
   FillRequest sub = r;
+  sub.plan = nullptr;  // the child's ids are its own, not the plan's
   sub.ids = local_ids;
   sub.count = count;
   sub.parts = part_ptrs;
@@ -78,7 +83,11 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
   sub.local_ids = sub.source_rows = nullptr;
   sub.num_sources = 0;
   children_[static_cast<size_t>(child)]->fill(sub);
-  if (extras) throw std::logic_error("a mixture's sources must not attach extras to a batch");
+  if (extras && !lists) throw std::logic_error("a mixture's sources must not attach extras to a batch");
+  if (lists) {
+    if (!extras) throw std::logic_error("mixture source " + std::to_string(child) + " attached no string lists");
+    append_arrow_string_lists(*lists, *static_cast<const ArrowStringLists*>(extras.get()));
+  }
 }
 
 void MixSource::bad_split(const FillRequest& r) const {
@@ -125,6 +134,11 @@ void MixSource::fill(const FillRequest& r) {
     part_ptrs = many.data();
   }
   const int children = static_cast<int>(children_.size());
+  std::shared_ptr<ArrowStringLists> lists;  // the batch's string lists: each run's, in row order
+  if (string_lists_) {
+    lists = std::make_shared<ArrowStringLists>();
+    if (r.extras) *r.extras = lists;
+  }
   if (r.source_rows && r.local_ids) {
     // The plan's own split, as where each source's rows start.
     if (r.num_sources != children)
@@ -136,7 +150,7 @@ void MixSource::fill(const FillRequest& r) {
     if (!strided_.empty()) return fill_strided(r);
     for (int j = 0; j < children; ++j) {
       const int64_t lo = r.source_rows[j], hi = r.source_rows[j + 1];
-      if (hi > lo) fill_run(r, j, lo, hi - lo, r.local_ids + lo, part_ptrs);
+      if (hi > lo) fill_run(r, j, lo, hi - lo, r.local_ids + lo, part_ptrs, lists.get());
     }
     return;
   }
@@ -154,7 +168,7 @@ void MixSource::fill(const FillRequest& r) {
       if (static_cast<uint64_t>(id) >= rows) break;
       local_ids[end - k] = id;
     }
-    fill_run(r, j, k, end - k, local_ids, part_ptrs);
+    fill_run(r, j, k, end - k, local_ids, part_ptrs, lists.get());
     k = end;
   }
 }

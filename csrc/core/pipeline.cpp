@@ -192,6 +192,7 @@ void Pipeline::build(int output, int64_t step, int thread, WorkerScratch& scratc
   request.step = step;
   request.thread = thread;
   request.extras = &batch->extras;
+  request.plan = &plan;
   if (o.by_source) {
     request.local_ids = out.local_ids;
     request.source_rows = out.source_rows;

@@ -10,6 +10,7 @@
 
 #include "core/arrow_source.h"
 #include "core/row_group_source.h"
+#include "core/sampler.h"
 #include "harness.h"
 
 using namespace fastload;
@@ -141,7 +142,8 @@ std::vector<ArrowColumnRequest> requests(int64_t max_items) {
 }
 
 // Fills a batch of `ids` and checks every part against the rule the tables were built with.
-void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t max_items, int thread = 0) {
+void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t max_items, int thread = 0,
+                    const BatchPlan* plan = nullptr, int64_t step = 0) {
   const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<int64_t> id(n), lengths(n);
   std::vector<int32_t> tokens(n * max_items), maybe(n);
@@ -151,7 +153,7 @@ void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t m
                         reinterpret_cast<std::byte*>(maybe.data()), reinterpret_cast<std::byte*>(valid.data())};
   CHECK(src.schema().size() == 6u);
   FillRequest r;
-  r.ids = ids.data(), r.count = n, r.parts = parts, r.thread = thread;
+  r.ids = ids.data(), r.count = n, r.parts = parts, r.thread = thread, r.plan = plan, r.step = step;
   src.fill(r);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = ids[i];
@@ -163,6 +165,16 @@ void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t m
     CHECK(valid[i] == (g % 4 != 1 ? 1 : 0));
     CHECK(maybe[i] == (g % 4 != 1 ? g : -7));
   }
+}
+
+// Group g decoded: rows [g * rows, (g + 1) * rows), sliced by g % slices; each holds "1000
+// bytes"; `calls` counts the decodes.
+RowGroupSource::Decode counting_decode(std::atomic<int64_t>& calls, int64_t rows, int64_t slices) {
+  return [&calls, rows, slices](int64_t g, int64_t* bytes) {
+    ++calls;
+    *bytes = 1000;
+    return batch_table(g * rows, rows, g % slices);
+  };
 }
 
 }  // namespace
@@ -194,15 +206,10 @@ TEST_CASE(arrow_source_gathers_lists_bits_and_filled_nulls_from_sliced_batches) 
 TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {
   {
     constexpr int64_t kGroups = 24, kRows = 50;
-    auto schema = batch_table(0, 1);
     std::atomic<int64_t> decoding{0};
-    RowGroupSource::Decode decode = [&](int64_t g, int64_t* bytes) {
-      ++decoding;
-      *bytes = 1000;  // a budget of 3 groups: most are evicted and decoded again
-      return batch_table(g * kRows, kRows, g % 3);
-    };
-    RowGroupSource src(schema, requests(4), std::vector<int64_t>(kGroups, kRows),
-                       std::vector<std::string>(kGroups, "group"), decode, 3000, 1);
+    // A budget of 3 groups: most are evicted and decoded again.
+    RowGroupSource src(batch_table(0, 1), requests(4), std::vector<int64_t>(kGroups, kRows),
+                       std::vector<std::string>(kGroups, "group"), counting_decode(decoding, kRows, 3), 3000, 1);
     std::vector<std::thread> threads;
     std::atomic<int> done{0};
     for (int t = 0; t < 4; ++t)
@@ -260,6 +267,48 @@ TEST_CASE(row_group_decode_failure_fails_its_batches_and_no_thread_waits_forever
     CHECK(failed.load() == 60);
     CHECK(passed.load() == 0);
   }
+  CHECK(g_live.load() == 0);
+}
+
+TEST_CASE(row_group_decode_threads_read_the_plan_ahead) {
+  {
+    constexpr int64_t kGroups = 30, kRows = 40;
+    std::atomic<int64_t> decoding{0};
+    // A budget of 8 groups (4 may wait decoded ahead), windows of 4, 2 decode threads.
+    auto src = std::make_shared<RowGroupSource>(batch_table(0, 1), requests(3), std::vector<int64_t>(kGroups, kRows),
+                                                std::vector<std::string>(kGroups, "group"),
+                                                counting_decode(decoding, kRows, 2), 8000, 4, 2);
+    CHECK(src->decode_threads() == 2);
+    SamplerConfig cfg;
+    cfg.num_samples = kGroups * kRows, cfg.batch_size = 16, cfg.shuffle = true, cfg.order = Order::Block;
+    cfg.shard_rows = std::vector<int64_t>(kGroups, kRows), cfg.seed = 7;
+    cfg.block_size = 4 * kRows;  // windows of 4 groups (min_groups)
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      const EpochPlan plan(cfg, epoch, 0);
+      std::atomic<int64_t> next{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 3; ++t)
+        threads.emplace_back([&, t] {
+          for (int64_t step; (step = next++) < plan.num_batches();) {
+            std::vector<int64_t> ids(static_cast<size_t>(plan.rows(step)));
+            BatchRows rows;
+            rows.ids = ids.data();
+            plan.fill(step, rows);
+            fill_and_check(*src, ids, 3, t, &plan, step);
+          }
+        });
+      for (auto& th : threads) th.join();
+    }
+    CHECK(src->decodes() == decoding.load());
+    CHECK(src->decoded_ahead() <= src->decodes());
+    CHECK(src->decodes() <= 2 * (kGroups + 10));  // block order: about once per group and epoch
+    // The last owner may go while a decode thread decodes: that thread lets the source go.
+    std::vector<int64_t> ids{0, 5 * kRows};
+    const EpochPlan plan(cfg, 5, 0);
+    fill_and_check(*src, ids, 3, 0, &plan, 0);
+    src.reset();
+  }
+  for (int i = 0; i < 500 && g_live.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(g_live.load() == 0);
 }
 

@@ -5,13 +5,14 @@ Hugging Face `datasets.Dataset` (its Arrow table, and its indices mapping after 
 construction."""
 from __future__ import annotations
 
-import math
 import os
+import pickle
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .. import _C
+from .ragged import stored_scalar
 
 __all__ = ["Arrow", "is_arrow_data", "plan_columns"]
 
@@ -73,18 +74,7 @@ def _by_column(option: str, value: Any, names: Sequence[str]) -> dict[str, Any]:
 
 def _scalar_bytes(option: str, name: str, value: Any, dtype: Any, shape: Sequence[int] = ()) -> bytes:
     """`value` stored as `dtype` (broadcast over `shape`); ValueError if it does not survive."""
-    try:
-        a = np.array(value, dtype=dtype)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ValueError(f"{option}[{name!r}]={value!r} cannot be stored as {np.dtype(dtype)} ({e})") from None
-    if a.ndim != 0:
-        raise ValueError(f"{option}[{name!r}] must be a scalar, got {value!r}")
-    back = a.item()
-    same = back == value or (isinstance(back, float) and isinstance(value, float) and math.isnan(back)
-                             and math.isnan(value))
-    if not same:
-        raise ValueError(f"{option}[{name!r}]={value!r} cannot be stored as {np.dtype(dtype)} (it becomes {back!r})")
-    return np.broadcast_to(a, tuple(shape)).tobytes()
+    return np.broadcast_to(stored_scalar(f"{option}[{name!r}]", value, dtype), tuple(shape)).tobytes()
 
 
 def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length: Any, fill_null: Any,
@@ -208,6 +198,8 @@ class Arrow:
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False):
         if isinstance(data, Arrow):
             raise TypeError("data is already an fl.Arrow: pass it to the Loader as it is")
+        self._args = {"columns": columns, "pad": pad, "max_length": max_length, "fill_null": fill_null,
+                      "with_valid": with_valid}
         self._files: list[str] = []
         indices = None
         if _is_hf_dataset(data):
@@ -262,8 +254,32 @@ class Arrow:
                                  f"{now[1]}): open the dataset again and build a new Loader")
 
     def __reduce__(self) -> Any:
-        raise TypeError("fl.Arrow is read in this process only: it cannot be pickled")
+        # The producer pickles itself (a pyarrow Table its buffers; a Hugging Face dataset its
+        # memory-mapped files by path, and its indices mapping), and the copy is read afresh.
+        if not _pickles_itself(self._producer):
+            try:
+                pickle.dumps(self._producer)
+            except Exception as e:  # noqa: BLE001 - whatever the producer raises, the answer is the same
+                raise TypeError(f"fl.Arrow over a {type(self._producer).__module__}.{type(self._producer).__qualname__} "
+                                f"cannot be pickled: its producer does not pickle ({type(e).__name__}: {e}); build "
+                                "the fl.Arrow in the process that reads it, or give it a pyarrow Table or a Hugging "
+                                "Face dataset") from None
+        return (_rebuild, (self._producer, self._args, self.fingerprint()))
 
     def __repr__(self) -> str:
         via = " through an indices mapping" if self._indices is not None else ""
         return f"Arrow({len(self)} rows{via}; {', '.join(self._selected)})"
+
+
+def _pickles_itself(obj: Any) -> bool:
+    """Producers known to pickle (checked without pickling them twice)."""
+    if _is_hf_dataset(obj):
+        return True
+    t = type(obj)
+    return t.__module__.startswith("pyarrow") and t.__name__ in ("Table", "RecordBatch", "ChunkedArray", "Array")
+
+
+def _rebuild(producer: Any, args: dict, fingerprint: Any) -> Arrow:
+    source = Arrow(producer, **args)
+    source.check_fingerprint(fingerprint)
+    return source

@@ -90,11 +90,12 @@ class Mix:
         from .arrow import Arrow, is_arrow_data  # noqa: PLC0415
 
         parts = [Arrow(p) if is_arrow_data(p) and not isinstance(p, Source) else p for p in parts]
-        for n, p in zip(names, parts):
-            if getattr(p, "string_lists", None):
-                raise ValueError(f"Mix source {n!r} gives string columns {p.string_lists} as lists of values, which a "
-                                 "Mix does not carry: pass max_length={column: n} for padded UTF-8 bytes, or drop them "
-                                 "with columns=[...]")
+        lists = [list(getattr(p, "string_lists", None) or []) for p in parts]
+        for n, got in zip(names[1:], lists[1:]):
+            if got != lists[0]:  # a batch's string lists are each source's rows' lists end to end
+                raise ValueError(f"Mix source {n!r} gives string columns {got} as lists of values, source "
+                                 f"{names[0]!r} gives {lists[0]}: every source must give the same ones (pass "
+                                 "max_length={column: n} for padded UTF-8 bytes instead, or drop them with columns=[...])")
         if not isinstance(with_source, bool):
             raise TypeError(f"with_source must be a bool, got {with_source!r}")
         self._names = names

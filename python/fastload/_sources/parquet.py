@@ -1,19 +1,25 @@
 """Parquet files as a fastload source: `fl.Parquet(path)` over a file, a directory of part files
 (as Spark, Ray, DuckDB, pandas and pyarrow write them) or a list of files. Row groups are the
-shards; the collation threads decode a row group when the order first reaches it (through
-pyarrow, which releases the GIL while it decodes) into a bounded cache of decoded row groups,
-and gather its rows natively from there. pyarrow is imported only here."""
+shards; the source's decode threads decode the row groups that the next batches of the order
+need (through pyarrow, which releases the GIL while it decodes) into a bounded cache of decoded
+row groups, and the collation threads gather their rows natively from there (decoding a row
+group themselves when they reach one nobody decoded yet). pyarrow is imported only here."""
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Mapping, Sequence
 
-from .. import _C
+from .. import _C, _lifecycle
 from .arrow import plan_columns
 
 __all__ = ["Parquet"]
 
 _DEFAULT_CACHE_BYTES = 512 << 20
+# Decode threads by default: each decodes one row group at a time (pyarrow use_threads=False), so
+# row groups decode in parallel with each other and with the gather.
+_DEFAULT_DECODE_THREADS = min(4, os.cpu_count() or 1)
+_DECODE_BATCH_ROWS = 8192
 
 
 def _import_pyarrow() -> Any:
@@ -74,21 +80,35 @@ class Parquet:
         columns, pad, max_length, fill_null, with_valid: as for fl.Arrow.
         cache_bytes: the budget of decoded row groups kept in memory (default 512 MiB). A
             window of order="block" (at least 4 row groups and 4096 rows) and two row groups
-            per collation thread are kept whatever their size.
+            per collation thread are kept whatever their size; row groups decoded ahead (up to
+            half the budget, and at least one window) are kept until a batch has read them.
+        decode_threads: threads that decode the row groups the next batches need, ahead of
+            the collation threads (default min(4, CPUs); 0: each row group is decoded by the
+            first collation thread that needs it).
+
+    A Parquet source pickles (for spawned workers and DDP): the copy opens the files again by
+    path, and refuses them if they were rewritten since this source opened them.
     """
 
     default_order = "block"
 
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
-                 cache_bytes: int | None = None):
+                 cache_bytes: int | None = None, decode_threads: int | None = None):
         pq = _import_pyarrow()
+        self._args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length, "fill_null": fill_null,
+                      "with_valid": with_valid, "cache_bytes": cache_bytes, "decode_threads": decode_threads}
         self._paths = parquet_files(path)
         self._states = [_file_state(p) for p in self._paths]
         if cache_bytes is None:
             cache_bytes = _DEFAULT_CACHE_BYTES
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
+        if decode_threads is None:
+            decode_threads = _DEFAULT_DECODE_THREADS
+        if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 0 <= decode_threads <= 64:
+            raise ValueError(f"decode_threads must be an int in [0, 64], got {decode_threads!r}")
+        self.decode_threads = decode_threads
         schema = None
         self._groups: list[tuple[int, int]] = []  # (file, row group) of each shard
         rows: list[int] = []
@@ -109,6 +129,7 @@ class Parquet:
                 self._groups.append((k, g))
                 rows.append(meta.row_group(g).num_rows)
         self._schema = schema
+        self._metas = metas  # decoding opens a file with its footer already read
         self._schema_table = _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__())
         self._selected, self._requests, self._names = plan_columns(
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
@@ -126,8 +147,12 @@ class Parquet:
 
         mean_rows = max(1, sum(rows) // max(1, sum(1 for r in rows if r)))
         window = max(_WINDOW_SHARDS, -(-_BLOCK_SIZE // mean_rows))
-        self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names, self._decode, cache_bytes,
-                                         window, (self._schema_table,))
+        # The native source calls back through a weak reference: a strong one would make a cycle
+        # the garbage collector cannot see (this object -> native source -> this object).
+        self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names,
+                                         _weak_decode(weakref.WeakMethod(self._decode)), cache_bytes, window,
+                                         decode_threads, (self._schema_table,))
+        _lifecycle.register(self)  # its decode threads stop before the interpreter does
 
     def _check_null_counts(self, metas: list, fills: Mapping[str, Any]) -> None:
         """Nulls in a flat column are refused here from the row groups' statistics where the
@@ -151,15 +176,25 @@ class Parquet:
     def _file(self, k: int) -> Any:
         # A reader per decode: a ParquetFile is not shared between decoding threads, and a
         # collation thread's Python state does not outlive its call (so no per-thread cache).
-        # Opening reads the footer only: small beside decoding a row group.
-        return _import_pyarrow().ParquetFile(self._paths[k], memory_map=True)
+        # The footer read at construction is reused.
+        return _import_pyarrow().ParquetFile(self._paths[k], memory_map=True, metadata=self._metas[k])
 
     def _decode(self, group: int) -> tuple[Any, int]:
+        import pyarrow as pa  # noqa: PLC0415 - imported with pyarrow.parquet by the constructor
+
         k, g = self._groups[group]
         path = self._paths[k]
         if _file_state(path) != self._states[k]:
             raise ValueError(f"the Parquet file {path} was rewritten since the source was opened: open it again")
-        table = self._file(k).read_row_group(g, columns=self._read, use_threads=False)
+        # Decoded in record batches of a few MiB, not in one piece: each is written while it is
+        # in the caches, and no buffer grows by reallocation (a whole 128 MiB row group in one
+        # read_row_group costs ~1.5x the CPU). One thread per row group: the decode threads
+        # decode row groups side by side.
+        f = self._file(k)
+        batches = list(f.iter_batches(batch_size=_DECODE_BATCH_ROWS, row_groups=[g], columns=self._read,
+                                      use_threads=False))
+        table = (pa.Table.from_batches(batches) if batches
+                 else f.read_row_group(g, columns=self._read, use_threads=False))
         return table.__arrow_c_stream__(), table.nbytes
 
     def __len__(self) -> int:
@@ -181,9 +216,15 @@ class Parquet:
     def native_source(self) -> Any:
         return self._native
 
-    def decode_stats(self) -> tuple[int, int]:
-        """(row groups decoded so far, bytes of decoded row groups cached now)."""
+    def decode_stats(self) -> tuple[int, int, int]:
+        """(row groups decoded so far, bytes of decoded row groups cached now, how many of the
+        decodes the decode threads did ahead of the batches)."""
         return tuple(_C.row_group_decodes(self._native))  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stops the decode threads (each finishes the row group it decodes); a batch decodes
+        what it needs itself from then on. Called at interpreter exit."""
+        _C.row_group_stop(self._native)
 
     def fingerprint(self) -> Any:
         return list(self._states)
@@ -199,8 +240,28 @@ class Parquet:
                                  f"{now[1]}): open it again and build a new Loader")
 
     def __reduce__(self) -> Any:
-        raise TypeError("fl.Parquet is read in this process only: it cannot be pickled")
+        return (_reopen, (self._args, self.fingerprint()))
 
     def __repr__(self) -> str:
         return (f"Parquet({len(self)} rows in {len(self._rows)} row groups of {len(self._paths)} files; "
                 f"{', '.join(self._selected)})")
+
+
+def _weak_decode(method: "weakref.WeakMethod[Any]") -> Any:
+    def decode(group: int) -> tuple[Any, int]:
+        bound = method()
+        if bound is None:
+            raise ValueError("the fl.Parquet source of this row group was garbage-collected")
+        return bound(group)
+    return decode
+
+
+def _reopen(args: dict, fingerprint: Any) -> Parquet:
+    """A pickled Parquet source opened again (in another process): the same files by path, refused
+    if one was rewritten since the original opened it."""
+    source = Parquet(**args)
+    source.check_fingerprint(fingerprint)
+    if [state[0] for state in fingerprint] != source.files:
+        raise ValueError(f"the Parquet files at {args['path']!r} are not the ones the pickled source read: "
+                         "files were added or removed since")
+    return source

@@ -13,35 +13,42 @@ import torch
 from .columns import ColumnSpec, describe_array, reduce_column, restore_column
 
 
+def _survives(back: Any, value: Any) -> bool:
+    """Whether a value read back after its conversion is the value given (NaN counts as itself)."""
+    if back == value:
+        return True
+    return isinstance(back, float) and isinstance(value, float) and math.isnan(back) and math.isnan(value)
+
+
+def stored_scalar(label: str, value: Any, dtype: Any) -> np.ndarray:
+    """`value` as a 0-d numpy array of `dtype`; ValueError naming `label` (e.g. "pad") if it is not
+    a scalar or does not survive the conversion (1.5 into an integer column, -1 into an unsigned one)."""
+    try:
+        a = np.array(value, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{label}={value!r} cannot be stored as {np.dtype(dtype)} ({e})") from None
+    if a.ndim != 0:
+        raise ValueError(f"{label} must be a scalar, got {value!r}")
+    if not _survives(a.item(), value):
+        raise ValueError(f"{label}={value!r} cannot be stored as {np.dtype(dtype)} (it becomes {a.item()!r})")
+    return a
+
+
 def _pad_bytes(what: str, pad: Any, values: Any) -> bytes:
     """The bytes of one element equal to `pad` in the values' dtype; ValueError if `pad` does not
     survive the conversion (1.5 into an integer column, -1 into an unsigned one)."""
-    if isinstance(values, torch.Tensor):
-        dtype: Any = values.dtype
-        try:
-            t = torch.tensor(pad, dtype=dtype)
-        except (TypeError, RuntimeError, OverflowError, ValueError) as e:
-            raise ValueError(f"{what}: pad={pad!r} cannot be stored as {dtype} ({e})") from None
-        if t.dim() != 0:
-            raise ValueError(f"{what}: pad must be a scalar, got {pad!r}")
-        back = t.item()
-        raw = t.reshape(1).view(torch.uint8).numpy().tobytes()
-    else:
-        dtype = values.dtype
-        try:
-            a = np.array(pad, dtype=dtype)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise ValueError(f"{what}: pad={pad!r} cannot be stored as {dtype} ({e})") from None
-        if a.ndim != 0:
-            raise ValueError(f"{what}: pad must be a scalar, got {pad!r}")
-        back = a.item()
-        raw = a.tobytes()
-    same = back == pad
-    if not same and isinstance(back, float) and isinstance(pad, float):
-        same = math.isnan(back) and math.isnan(pad)
-    if not same:
-        raise ValueError(f"{what}: pad={pad!r} cannot be stored as {dtype} (it becomes {back!r})")
-    return raw
+    if not isinstance(values, torch.Tensor):
+        return stored_scalar(f"{what}: pad", pad, values.dtype).tobytes()
+    dtype = values.dtype
+    try:
+        t = torch.tensor(pad, dtype=dtype)
+    except (TypeError, RuntimeError, OverflowError, ValueError) as e:
+        raise ValueError(f"{what}: pad={pad!r} cannot be stored as {dtype} ({e})") from None
+    if t.dim() != 0:
+        raise ValueError(f"{what}: pad must be a scalar, got {pad!r}")
+    if not _survives(t.item(), pad):
+        raise ValueError(f"{what}: pad={pad!r} cannot be stored as {dtype} (it becomes {t.item()!r})")
+    return t.reshape(1).view(torch.uint8).numpy().tobytes()
 
 
 def _offsets_array(what: str, offsets: Any) -> np.ndarray:
