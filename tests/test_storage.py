@@ -221,8 +221,12 @@ def test_cache_smaller_than_one_step_is_an_error_naming_both(remote_blocks, s3_s
         fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "c1", cache_limit=shard // 2)
     ds = fl.Dataset.open(url, storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "c2",
                          cache_limit=2 * shard)
-    with pytest.raises(ValueError, match=rf"cache_limit is {2 * shard} bytes, but one step reads \d+ bytes"):
+    with pytest.raises(ValueError, match=rf"cache_limit is {2 * shard} bytes, but one step reads \d+ bytes.*"
+                                         r"raise cache_limit to at least \d+ bytes, or use order='block'"):
         fl.Loader(ds, batch_size=512, shuffle=True, seed=0)
+    # Already in block order: the only way out named is a larger cache.
+    with pytest.raises(ValueError, match=r"raise cache_limit to at least \d+ bytes$"):
+        fl.Loader(ds, batch_size=512, shuffle=True, seed=0, order="block")
 
 
 @pytest.mark.parametrize("client", CLIENTS)

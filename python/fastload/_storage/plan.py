@@ -74,7 +74,7 @@ class RunStorage:
         return total
 
 
-def attach_loader(order: Any) -> RunStorage:
+def attach_loader(order: Any, kind: str | None = None) -> RunStorage:
     """At Loader construction, with the order of its first run: a cache_limit below the bytes of
     the shards one step of this rank reads (in the first window of the plan, ~1M samples) is an error naming
     both, never a hang later; then each remote source's fetcher readies its threads. Returns the
@@ -83,12 +83,12 @@ def attach_loader(order: Any) -> RunStorage:
         fetcher = _fetcher_of(source)
         if fetcher is None:
             continue
-        _check_room(fetcher, order, part)
+        _check_room(fetcher, order, part, kind)
         fetcher.ready()
     return RunStorage(order.sources)
 
 
-def _check_room(fetcher: Any, order: Any, part: int) -> None:
+def _check_room(fetcher: Any, order: Any, part: int, kind: str | None) -> None:
     plan = _SourcePlan(order, part)
     plan.window(0)  # the short first window sizes the full ones
     w = plan.window(0)
@@ -101,9 +101,13 @@ def _check_room(fetcher: Any, order: Any, part: int) -> None:
     worst = int(np.argmax(per_step))
     need = int(per_step[worst])
     if need > fetcher.limit:
+        # Under order="block" a step reads the shards of at most two windows (one where a batch
+        # straddles a window's end), so that is the least a cache can hold: no other order reads fewer.
+        way_out = ("" if kind == "block" else
+                   ", or use order='block' (a step then reads the shards of at most two windows)")
         raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
-                         f"{int(steps[worst])} reads {int(np.count_nonzero(at == worst))} shards): raise cache_limit, "
-                         "or use order='block' (fewer shards per step)")
+                         f"{int(steps[worst])} reads {int(np.count_nonzero(at == worst))} shards): raise cache_limit "
+                         f"to at least {need} bytes{way_out}")
 
 
 def follow_run(order: Any) -> None:
