@@ -20,6 +20,7 @@ class Fault:
     match: str = ""  # substring of the request path ("" : any); only GETs of objects
     times: int = 1  # how many requests it hits (then it is spent)
     delay: float = 0.0
+    code: str = ""  # the error code of an HTTP error (default: the usual one for its status)
 
 
 class S3Proxy:
@@ -30,6 +31,10 @@ class S3Proxy:
         self.in_flight = 0  # object GETs being served now, and the most at once
         self.peak_in_flight = 0
         self.faults: list[Fault] = []
+        # Credentials the server no longer takes: a substring of the Authorization header (an AWS
+        # access key id, a bearer token) -> (status, error code); see expire().
+        self.expired: dict[str, tuple[int, str]] = {}
+        self.refused = 0  # requests answered so
         self.lock = threading.Lock()
         proxy = self
 
@@ -44,7 +49,8 @@ class S3Proxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
                 path = self.path
-                is_object_get = method == "GET" and "?" not in path.split("/")[-1] and path.count("/") >= 2
+                is_object_get = method == "GET" and path.count("/") >= 2 and (
+                    "?" not in path.split("/")[-1] or "alt=media" in path)  # S3, or a GCS JSON API download
                 fault = None
                 with proxy.lock:
                     proxy.requests += 1
@@ -67,15 +73,22 @@ class S3Proxy:
                             proxy.in_flight -= 1
 
             def _serve(self, method, path, body, fault):
+                auth = self.headers.get("Authorization", "")
+                with proxy.lock:
+                    refusal = next((v for k, v in proxy.expired.items() if k in auth), None)
+                    proxy.refused += refusal is not None
+                if refusal is not None:
+                    fault = Fault(str(refusal[0]), code=refusal[1])
                 if fault is not None and fault.kind == "reset":
                     # RST instead of FIN: the client sees "connection reset by peer".
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.connection.close()
                     self.close_connection = True
                     return
-                if fault is not None and fault.kind in ("503", "500", "404", "403"):
+                if fault is not None and fault.kind in ("503", "500", "404", "403", "401"):
                     code = int(fault.kind)
-                    name = {503: "SlowDown", 500: "InternalError", 404: "NoSuchKey", 403: "AccessDenied"}[code]
+                    name = fault.code or {503: "SlowDown", 500: "InternalError", 404: "NoSuchKey", 403: "AccessDenied",
+                                          401: "Unauthorized"}[code]
                     xml = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{name}</Code>"
                            f"<Message>injected</Message></Error>").encode()
                     self.send_response(code)
@@ -131,6 +144,12 @@ class S3Proxy:
         with self.lock:
             self.faults.append(f)
         return f
+
+    def expire(self, credential: str, status: int = 403, code: str = "ExpiredToken") -> None:
+        """From now on, requests whose Authorization header holds `credential` (an access key id,
+        a token) are refused with `status` and `code`, as a server refuses expired credentials."""
+        with self.lock:
+            self.expired[credential] = (status, code)
 
     def reset_counts(self) -> None:
         with self.lock:
