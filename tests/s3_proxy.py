@@ -27,6 +27,7 @@ class S3Proxy:
     def __init__(self, upstream_port: int):
         self.upstream = ("127.0.0.1", upstream_port)
         self.gets: Counter[str] = Counter()  # object GETs per path (listing and HEAD excluded)
+        self.ranged: Counter[str] = Counter()  # of which with a Range header
         self.requests = 0
         self.in_flight = 0  # object GETs being served now, and the most at once
         self.peak_in_flight = 0
@@ -56,6 +57,8 @@ class S3Proxy:
                     proxy.requests += 1
                     if is_object_get:
                         proxy.gets[path.split("?")[0]] += 1
+                        if self.headers.get("Range"):
+                            proxy.ranged[path.split("?")[0]] += 1
                         for f in proxy.faults:
                             if f.times > 0 and f.match in path:
                                 f.times -= 1
@@ -109,7 +112,9 @@ class S3Proxy:
                     for k, v in resp.getheaders():
                         if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                             self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
+                    # A HEAD answer has no body: its Content-Length is the object's, from upstream.
+                    length = resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
+                    self.send_header("Content-Length", length)
                     self.end_headers()
                     if method == "HEAD":
                         return
@@ -154,6 +159,7 @@ class S3Proxy:
     def reset_counts(self) -> None:
         with self.lock:
             self.gets.clear()
+            self.ranged.clear()
             self.requests = 0
             self.peak_in_flight = 0
             self.faults.clear()

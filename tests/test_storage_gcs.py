@@ -126,7 +126,7 @@ def test_gs_errors_name_the_url(gcs_dir, gcs_server, gcs_proxy, tmp_path):
     gcs_proxy.arm("403", match="manifest.json", times=1)
     with pytest.raises(PermissionError, match=r"gs://.*manifest.json: access denied \(HTTP 403"):
         fl.Dataset.open(url, storage_options=_opts(gcs_proxy.url), cache_dir=tmp_path)
-    gcs_proxy.arm("503", match=".npy", times=100)
+    gcs_proxy.arm("503", match=".npy", times=100_000)  # more than prefetch and demand together try
     ds = fl.Dataset.open(url, storage_options=_opts(gcs_proxy.url, max_attempts=3), cache_dir=tmp_path / "c")
     with pytest.raises(RuntimeError, match=r"GET gs://.*\.npy failed after 3 attempts; last: HTTP 503"):
         _batches(fl.Loader(ds, batch_size=100))
