@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from remote_helpers import S3_CLIENTS, batches as _batches, equal as _equal, opts as _opts
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -62,35 +63,7 @@ def _files(local):
     return sorted(str(local / n) for n in os.listdir(local) if n.endswith(".parquet") and not n.startswith("."))
 
 
-def _opts(endpoint, **more):
-    return {"endpoint_url": endpoint, "backoff": 0.01, "max_backoff": 0.05, **more}
-
-
-def _batches(loader, epoch=None):
-    if epoch is not None:
-        loader.set_epoch(epoch)
-    return [{k: v.clone() for k, v in b.items()} for b in loader]
-
-
-def _equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), k
-
-
-def _clients():
-    out = ["boto3"]
-    try:
-        import obstore  # noqa: F401
-        out.append("obstore")
-    except ImportError:
-        pass
-    return out
-
-
-@pytest.mark.parametrize("client", _clients())
+@pytest.mark.parametrize("client", S3_CLIENTS)
 def test_open_reads_footers_only_and_batches_equal_local(parquet_dir, s3_server, s3_proxy, tmp_path, client):
     bucket, _ = _upload_s3(s3_server[0], parquet_dir)
     url = f"s3://{bucket}/pq/"
@@ -163,7 +136,7 @@ def test_ranks_resume_and_a_small_cache(parquet_dir, s3_server, s3_proxy, tmp_pa
     _equal(_batches(fl.Loader(back, batch_size=100, device="cpu")), _batches(fl.Loader(here, batch_size=100, device="cpu")))
 
 
-@pytest.mark.parametrize("client", _clients())
+@pytest.mark.parametrize("client", S3_CLIENTS)
 def test_rewritten_object_is_refused_not_read(parquet_dir, s3_server, tmp_path, client):
     bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
     remote = fl.Parquet(f"s3://{bucket}/pq/", ["id"], storage_options=_opts(s3_server[0], client=client),

@@ -14,19 +14,11 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from remote_helpers import S3_CLIENTS, copy as _copy, equal as _equal
 
 boto3 = pytest.importorskip("boto3")
 
 
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
-CLIENTS = ["boto3"] + (["obstore"] if _has("obstore") else [])
 OLD_KEY, OLD_SECRET = "AKIAOLDKEY000000TEST", "OLDsecretOLDsecretOLDsecret0123456789"
 NEW_KEY, NEW_SECRET = "AKIANEWKEY000000TEST", "NEWsecretNEWsecretNEWsecret0123456789"
 
@@ -73,19 +65,7 @@ def dataset(s3_server, tmp_path):
     return f"s3://{bucket}/ds", str(local), shard
 
 
-def _copy(batch):
-    return {k: v.clone() for k, v in batch.items()}
-
-
-def _equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), k
-
-
-@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("client", S3_CLIENTS)
 def test_key_rotated_mid_run_is_picked_up_and_batches_stay_exact(dataset, chain, s3_proxy, tmp_path, client, capfd):
     url, local, shard = dataset
     opts = {"endpoint_url": s3_proxy.url, "client": client, "backoff": 0.01, "max_backoff": 0.05}
@@ -111,7 +91,7 @@ def test_key_rotated_mid_run_is_picked_up_and_batches_stay_exact(dataset, chain,
         assert secret not in out + err
 
 
-@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("client", S3_CLIENTS)
 def test_expired_key_with_no_new_one_is_a_clear_permission_error(dataset, chain, s3_proxy, tmp_path, client):
     url, _, shard = dataset
     opts = {"endpoint_url": s3_proxy.url, "client": client, "backoff": 0.01, "max_backoff": 0.05}

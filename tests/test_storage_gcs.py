@@ -5,36 +5,22 @@ are retried; errors name the URL; credentials come from google-auth's chain and 
 the server refuses them."""
 from __future__ import annotations
 
+import http.server
 import json
-import os
 import pickle
 import threading
-import http.server
 
 import numpy as np
 import pytest
 
 import fastload as fl
+from remote_helpers import batches as _batches, equal as _equal, opts
 
 pytest.importorskip("gcp_storage_emulator")
 
 
 def _opts(endpoint, **more):
-    return {"endpoint_url": endpoint, "anon": True, "backoff": 0.01, "max_backoff": 0.05, **more}
-
-
-def _batches(loader, epoch=None):
-    if epoch is not None:
-        loader.set_epoch(epoch)
-    return [{k: v.clone() for k, v in b.items()} for b in loader]
-
-
-def _equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), k
+    return opts(endpoint, anon=True, **more)
 
 
 @pytest.fixture
