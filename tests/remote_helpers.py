@@ -25,9 +25,15 @@ def copy(batch: dict) -> dict:
 
 
 def batches(loader, epoch=None) -> list:
-    if epoch is not None:
-        loader.set_epoch(epoch)
-    return [copy(b) for b in loader]
+    """The loader's batches (copies), the loader closed at once: a Loader left to the garbage
+    collector is closed by its finaliser, on whatever thread the collection runs (a download
+    thread included), which may wait there for its collation threads."""
+    try:
+        if epoch is not None:
+            loader.set_epoch(epoch)
+        return [copy(b) for b in loader]
+    finally:
+        loader.close()
 
 
 def equal(a: list, b: list) -> None:

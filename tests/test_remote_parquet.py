@@ -121,12 +121,12 @@ def test_ranks_resume_and_a_small_cache(parquet_dir, s3_server, s3_proxy, tmp_pa
     stats = remote.storage_stats()
     assert stats.cached_bytes <= limit and stats.evictions > 0
     kw = dict(batch_size=64, shuffle=True, seed=9, num_threads=2, order="block", device="cpu")
-    first = fl.Loader(remote, **kw)
-    it = iter(first)
-    for _ in range(30):
-        next(it)
-    state = first.state_dict()
-    del it
+    with fl.Loader(remote, **kw) as first:
+        it = iter(first)
+        for _ in range(30):
+            next(it)
+        state = first.state_dict()
+        del it
     resumed, reference = fl.Loader(remote, **kw), fl.Loader(here, **kw)
     resumed.load_state_dict(state)
     reference.load_state_dict(state)
@@ -149,7 +149,7 @@ def test_rewritten_object_is_refused_not_read(parquet_dir, s3_server, tmp_path, 
     # A new open lists the new version, and reads it.
     fresh = fl.Parquet(f"s3://{bucket}/pq/", ["id"], storage_options=_opts(s3_server[0], client=client),
                        cache_dir=tmp_path / "cache")
-    ids = np.concatenate([b["id"].numpy() for b in fl.Loader(fresh, batch_size=1000, device="cpu")])
+    ids = np.concatenate([b["id"].numpy() for b in _batches(fl.Loader(fresh, batch_size=1000, device="cpu"))])
     assert len(ids) == 5000 + 4300 + 5000 + 5555
 
 
@@ -189,3 +189,37 @@ def test_gs_parquet_equals_local(parquet_dir, gcs_server, tmp_path):
     here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
     kw = dict(batch_size=64, shuffle=True, seed=2, num_threads=2, device="cpu")
     _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+
+
+def test_http_urls_public_objects_and_a_plain_file_server(parquet_dir, s3_server, s3_proxy, tmp_path):
+    """http(s):// URLs: public objects of the S3 server (ETags, ranges), and Python's own file
+    server (no ETag, no ranges: the footer read takes the whole file, the version is its
+    Last-Modified)."""
+    import functools
+    import http.server
+    import threading
+
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    kw = dict(batch_size=64, shuffle=True, seed=7, num_threads=2, device="cpu")
+    reference = _batches(fl.Loader(here, **kw))
+    bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
+    names = [os.path.basename(f) for f in _files(parquet_dir)]
+    for n in names:
+        s3.put_object_acl(Bucket=bucket, Key=f"pq/{n}", ACL="public-read")
+    public = fl.Parquet([f"{s3_proxy.url}/{bucket}/pq/{n}" for n in names], COLUMNS, max_length=LENGTHS,
+                        storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c1")
+    assert sum(s3_proxy.ranged.values()) == len(names)
+    _equal(_batches(fl.Loader(public, **kw)), reference)
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(parquet_dir))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        plain = fl.Parquet([f"{base}/{n}" for n in names], COLUMNS, max_length=LENGTHS,
+                           storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c2")
+        _equal(_batches(fl.Loader(plain, **kw)), reference)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from remote_helpers import S3_CLIENTS, copy as _copy, equal as _equal
+from remote_helpers import S3_CLIENTS, batches, copy as _copy, equal as _equal
 
 boto3 = pytest.importorskip("boto3")
 
@@ -72,19 +72,20 @@ def test_key_rotated_mid_run_is_picked_up_and_batches_stay_exact(dataset, chain,
     # A cache of 3 of the 8 shards, read in order: downloads go on after the old key expires.
     ds = fl.Dataset.open(url, storage_options=opts, cache_dir=tmp_path / "cache", cache_limit=3 * shard)
     kw = dict(batch_size=50, num_threads=2)
-    reference = [_copy(b) for b in fl.Loader(fl.Dataset.open(local), **kw)]
+    reference = batches(fl.Loader(fl.Dataset.open(local), **kw))
     got = []
-    for k, batch in enumerate(fl.Loader(ds, **kw)):
-        got.append(_copy(batch))
-        if k == 3:
-            _write_credentials(chain, NEW_KEY, NEW_SECRET)
-            s3_proxy.expire(f"Credential={OLD_KEY}/")
+    with fl.Loader(ds, **kw) as loader:
+        for k, batch in enumerate(loader):
+            got.append(_copy(batch))
+            if k == 3:
+                _write_credentials(chain, NEW_KEY, NEW_SECRET)
+                s3_proxy.expire(f"Credential={OLD_KEY}/")
     _equal(got, reference)
     assert s3_proxy.refused > 0  # the old key was refused, and the run went on with the new one
     assert ds.storage_stats().bytes_fetched >= 8 * shard
     # A second epoch (evicted shards fetched again) signs with the new key only.
     before = s3_proxy.refused
-    _equal([_copy(b) for b in fl.Loader(ds, **kw)], reference)
+    _equal(batches(fl.Loader(ds, **kw)), reference)
     assert s3_proxy.refused == before
     out, err = capfd.readouterr()
     for secret in (OLD_SECRET, NEW_SECRET):
@@ -107,12 +108,13 @@ def test_expired_key_with_no_new_one_is_a_clear_permission_error(dataset, chain,
     # Mid-run: the batch that needs a new download fails naming its URL; no hang, no short batch.
     s3_proxy.expired.clear()
     ds = fl.Dataset.open(url, storage_options=opts, cache_dir=tmp_path / "c2", cache_limit=3 * shard)
-    it = iter(fl.Loader(ds, batch_size=50, num_threads=2))
-    next(it)
-    s3_proxy.expire(f"Credential={OLD_KEY}/")
-    with pytest.raises(Exception) as info:  # noqa: PT011 - the loader's wrapper of the source's error
-        for _ in it:
-            pass
+    with fl.Loader(ds, batch_size=50, num_threads=2) as loader:
+        it = iter(loader)
+        next(it)
+        s3_proxy.expire(f"Credential={OLD_KEY}/")
+        with pytest.raises(Exception) as info:  # noqa: PT011 - the loader's wrapper of the source's error
+            for _ in it:
+                pass
     text = str(info.value) + str(info.value.__cause__ or "")
     assert "access denied (HTTP 403 ExpiredToken)" in text and f"{url}/" in text, text
     assert OLD_SECRET not in text and OLD_KEY not in text

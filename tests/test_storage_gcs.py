@@ -189,10 +189,11 @@ def test_gs_token_refused_mid_run_is_renewed(gcs_dir, gcs_proxy, tmp_path, adc, 
     kw = dict(batch_size=50, num_threads=2)
     reference = _batches(fl.Loader(fl.Dataset.open(local), **kw))
     got = []
-    for k, batch in enumerate(fl.Loader(ds, **kw)):
-        got.append({n: v.clone() for n, v in batch.items()})
-        if k == 3:
-            gcs_proxy.expire("Bearer tok-1", status=401, code="")  # the server no longer takes tok-1
+    with fl.Loader(ds, **kw) as loader:
+        for k, batch in enumerate(loader):
+            got.append({n: v.clone() for n, v in batch.items()})
+            if k == 3:
+                gcs_proxy.expire("Bearer tok-1", status=401, code="")  # the server no longer takes tok-1
     _equal(got, reference)
     assert gcs_proxy.refused > 0 and tokens.calls >= 2
     out, err = capfd.readouterr()

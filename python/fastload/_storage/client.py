@@ -228,9 +228,12 @@ class S3Client(Client):
         """After a refusal of generation `generation`'s credentials: a client with new ones."""
         if self._chain is None or not self._chain.renew(generation):
             return False
+        # Made with no lock held (see credentials.Renewable.renew); a race makes two, one is kept.
+        session, latest = self._chain.creds[0], self._chain.generation
+        s3 = self._make(session)
         with self._lock:
-            if self._generation < self._chain.generation:
-                self._s3, self._generation = self._make(self._chain.creds[0]), self._chain.generation
+            if self._generation < latest:
+                self._s3, self._generation = s3, latest
         return True
 
     def _call(self, url: Url, what: str, fn: Callable[[Any], T], version: str | None = None) -> T:
@@ -336,8 +339,10 @@ class HttpClient(Client):
     def _open(self, url: Url, method: str, headers: Mapping[str, str] | None = None,
               version: str | None = None) -> Any:
         more = dict(headers or {})
-        if version:
+        if version and version.startswith('"'):  # a strong ETag
             more["If-Match"] = version
+        elif version and not version.startswith("W/"):  # Last-Modified (a weak ETag never matches If-Match)
+            more["If-Unmodified-Since"] = version
         return http_open(str(url), method, {**self._headers, **more}, self._timeout, url, version)
 
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
@@ -356,20 +361,31 @@ class HttpClient(Client):
         return self.policy.run("HEAD", url, once)
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None, version: str | None = None,
-            headers: Mapping[str, str] | None = None) -> int:
+            check: BodyCheck | None = None, version: str | None = None) -> int:
         def once() -> int:
             with self._lock:
                 self.requests += 1
-            with self._open(url, "GET", headers, version) as r:
+            with self._open(url, "GET", None, version) as r:
                 return read_response(r, out, expected, url, check)
 
         return self.policy.run("GET", url, once)
 
     def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
-        buf = io.BytesIO()
-        self.get(url, buf, end - start, None, version, {"Range": f"bytes={start}-{end - 1}"})
-        return buf.getvalue()
+        def once() -> bytes:
+            with self._lock:
+                self.requests += 1
+            buf = io.BytesIO()
+            with self._open(url, "GET", {"Range": f"bytes={start}-{end - 1}"}, version) as r:
+                if r.status == 206:
+                    read_response(r, buf, end - start, url, None)
+                    return buf.getvalue()
+                read_response(r, buf, None, url, None)  # a server without ranges sends it all
+            data = buf.getbuffer()[start:end]
+            if len(data) != end - start:
+                raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
+            return bytes(data)
+
+        return self.policy.run("GET", url, once)
 
 
 def http_open(target: str, method: str, headers: Mapping[str, str], timeout: float, url: Url,
@@ -451,13 +467,17 @@ class ObstoreS3Client(Client):
     def _store(self, bucket: str) -> tuple[Any, int]:
         """The bucket's store and the credentials' generation it was made with: a renewal makes
         new stores (obstore keeps the credentials it was given until their expiry)."""
+        generation = 0 if self._chain is None else self._chain.generation
         with self._lock:
-            generation = 0 if self._chain is None else self._chain.generation
             got = self._stores.get(bucket)
-            if got is None or got[1] != generation:
-                got = (self._make_store(bucket), generation)
-                self._stores[bucket] = got
-            return got
+        if got is None or got[1] != generation:
+            # Made with no lock held (see credentials.Renewable.renew): a race makes two, one is kept.
+            made = (self._make_store(bucket), generation)
+            with self._lock:
+                got = self._stores.get(bucket)
+                if got is None or got[1] < generation:
+                    got = self._stores[bucket] = made
+        return got
 
     def _make_store(self, bucket: str) -> Any:
         return self._store_type(bucket, client_options=self._client_options, retry_config={"max_retries": 0},

@@ -41,19 +41,25 @@ class Renewable:
     def renew(self, generation: int) -> bool:
         """After a request made with generation `generation`'s credentials was refused: True when
         there are other credentials to try (the chain gave new ones now, or another thread's
-        renewal did meanwhile); False when the chain gives the same ones, none, or fails."""
+        renewal did meanwhile); False when the chain gives the same ones, none, or fails.
+        The chain is asked with no lock held: asking may take a while (a metadata server) and
+        may run anything (a garbage collection runs finalizers, a Loader's close among them, which
+        waits for threads that may be waiting here)."""
         with self._lock:
             if self.generation != generation:
                 return True
             old = None if self.creds is None else _digest(*self._identity(self.creds))
-            try:
-                new = self._resolve()
-            except Exception:  # noqa: BLE001 - a broken chain is "no new credentials"; the refusal is reported
-                return False
-            if new is None or _digest(*self._identity(new)) == old:
-                return False
-            self.creds = new
-            self.generation += 1
+        try:
+            new = self._resolve()
+        except Exception:  # noqa: BLE001 - a broken chain is "no new credentials"; the refusal is reported
+            return False
+        if new is None or _digest(*self._identity(new)) == old:
+            with self._lock:
+                return self.generation != generation
+        with self._lock:
+            if self.generation == generation:
+                self.creds = new
+                self.generation += 1
             return True
 
 
@@ -128,30 +134,28 @@ class BearerTokens:
 
     def __init__(self, chain: Renewable):
         self.chain = chain
-        self._lock = threading.Lock()
 
     def header(self) -> tuple[dict[str, str], int]:
-        """({"Authorization": ...}, the generation it belongs to)."""
+        """({"Authorization": ...}, the generation it belongs to). A refresh runs with no lock
+        held (see Renewable.renew); two threads refreshing at once each set a valid token."""
         import google.auth.transport.requests  # noqa: PLC0415
 
-        with self._lock:
-            gen, creds = self.chain.generation, self.chain.creds
-            if not creds.valid:
-                creds.refresh(google.auth.transport.requests.Request())
-            return {"Authorization": f"Bearer {creds.token}"}, gen
+        gen, creds = self.chain.generation, self.chain.creds
+        if not creds.valid:
+            creds.refresh(google.auth.transport.requests.Request())
+        return {"Authorization": f"Bearer {creds.token}"}, gen
 
     def renew(self, generation: int, refused_header: dict[str, str]) -> bool:
         import google.auth.transport.requests  # noqa: PLC0415
 
-        with self._lock:
-            if self.chain.generation != generation:
+        if self.chain.generation != generation:
+            return True
+        creds = self.chain.creds
+        try:
+            creds.refresh(google.auth.transport.requests.Request())
+        except Exception:  # noqa: BLE001 - then the chain from the start
+            pass
+        else:
+            if refused_header.get("Authorization") != f"Bearer {creds.token}":
                 return True
-            creds = self.chain.creds
-            try:
-                creds.refresh(google.auth.transport.requests.Request())
-            except Exception:  # noqa: BLE001 - then the chain from the start
-                pass
-            else:
-                if refused_header.get("Authorization") != f"Bearer {creds.token}":
-                    return True
         return self.chain.renew(generation)
