@@ -86,3 +86,66 @@ def s3_proxy(s3_server):
         yield proxy
     finally:
         proxy.close()
+
+
+class GcsEmulator:
+    """A GCS JSON API server on 127.0.0.1 (gcp-storage-emulator, in memory) and the few calls the
+    tests make to fill it."""
+
+    def __init__(self):
+        from gcp_storage_emulator.server import create_server
+
+        self.server = create_server("127.0.0.1", 0, in_memory=True)
+        self.server.start()
+        self.port = self.server._api._httpd.server_port
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def bucket(self) -> str:
+        import json
+        import urllib.request
+        import uuid
+
+        name = f"g-{uuid.uuid4().hex[:12]}"
+        req = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req).read()
+        return name
+
+    def put(self, bucket: str, name: str, data: bytes) -> None:
+        import urllib.parse
+        import urllib.request
+
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        req = urllib.request.Request(f"{self.url}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST",
+                                     headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(req).read()
+
+    def put_dir(self, bucket: str, prefix: str, local) -> None:
+        for dirpath, _, names in os.walk(local):
+            for n in names:
+                full = os.path.join(dirpath, n)
+                with open(full, "rb") as f:
+                    self.put(bucket, f"{prefix}/{os.path.relpath(full, local)}", f.read())
+
+
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A real GCS JSON API server on 127.0.0.1 (gcp-storage-emulator), for the gs:// tests."""
+    pytest.importorskip("gcp_storage_emulator")
+    emulator = GcsEmulator()
+    try:
+        yield emulator
+    finally:
+        emulator.server.stop()
+
+
+@pytest.fixture
+def gcs_proxy(gcs_server):
+    """The fault-injecting proxy of tests/s3_proxy.py in front of the GCS emulator."""
+    from s3_proxy import S3Proxy
+
+    proxy = S3Proxy(gcs_server.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

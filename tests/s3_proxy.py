@@ -20,6 +20,7 @@ class Fault:
     match: str = ""  # substring of the request path ("" : any); only GETs of objects
     times: int = 1  # how many requests it hits (then it is spent)
     delay: float = 0.0
+    code: str = ""  # the error code of an HTTP error (default: the usual one for its status)
 
 
 class S3Proxy:
@@ -27,10 +28,15 @@ class S3Proxy:
         self.upstream = ("127.0.0.1", upstream_port)
         self.gets: Counter[str] = Counter()  # object GETs per path (listing and HEAD excluded)
         self.log: list[str] = []  # the paths of object GETs in the order they arrived
+        self.ranged: Counter[str] = Counter()  # of which with a Range header
         self.requests = 0
         self.in_flight = 0  # object GETs being served now, and the most at once
         self.peak_in_flight = 0
         self.faults: list[Fault] = []
+        # Credentials the server no longer takes: a substring of the Authorization header (an AWS
+        # access key id, a bearer token) -> (status, error code); see expire().
+        self.expired: dict[str, tuple[int, str]] = {}
+        self.refused = 0  # requests answered so
         self.lock = threading.Lock()
         proxy = self
 
@@ -45,13 +51,16 @@ class S3Proxy:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else None
                 path = self.path
-                is_object_get = method == "GET" and "?" not in path.split("/")[-1] and path.count("/") >= 2
+                is_object_get = method == "GET" and path.count("/") >= 2 and (
+                    "?" not in path.split("/")[-1] or "alt=media" in path)  # S3, or a GCS JSON API download
                 fault = None
                 with proxy.lock:
                     proxy.requests += 1
                     if is_object_get:
                         proxy.gets[path.split("?")[0]] += 1
                         proxy.log.append(path.split("?")[0])
+                        if self.headers.get("Range"):
+                            proxy.ranged[path.split("?")[0]] += 1
                         for f in proxy.faults:
                             if f.times > 0 and f.match in path:
                                 f.times -= 1
@@ -69,15 +78,22 @@ class S3Proxy:
                             proxy.in_flight -= 1
 
             def _serve(self, method, path, body, fault):
+                auth = self.headers.get("Authorization", "")
+                with proxy.lock:
+                    refusal = next((v for k, v in proxy.expired.items() if k in auth), None)
+                    proxy.refused += refusal is not None
+                if refusal is not None:
+                    fault = Fault(str(refusal[0]), code=refusal[1])
                 if fault is not None and fault.kind == "reset":
                     # RST instead of FIN: the client sees "connection reset by peer".
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.connection.close()
                     self.close_connection = True
                     return
-                if fault is not None and fault.kind in ("503", "500", "404", "403"):
+                if fault is not None and fault.kind in ("503", "500", "404", "403", "401"):
                     code = int(fault.kind)
-                    name = {503: "SlowDown", 500: "InternalError", 404: "NoSuchKey", 403: "AccessDenied"}[code]
+                    name = fault.code or {503: "SlowDown", 500: "InternalError", 404: "NoSuchKey", 403: "AccessDenied",
+                                          401: "Unauthorized"}[code]
                     xml = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{name}</Code>"
                            f"<Message>injected</Message></Error>").encode()
                     self.send_response(code)
@@ -98,7 +114,9 @@ class S3Proxy:
                     for k, v in resp.getheaders():
                         if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                             self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data)))
+                    # A HEAD answer has no body: its Content-Length is the object's, from upstream.
+                    length = resp.getheader("Content-Length", "0") if method == "HEAD" else str(len(data))
+                    self.send_header("Content-Length", length)
                     self.end_headers()
                     if method == "HEAD":
                         return
@@ -134,10 +152,17 @@ class S3Proxy:
             self.faults.append(f)
         return f
 
+    def expire(self, credential: str, status: int = 403, code: str = "ExpiredToken") -> None:
+        """From now on, requests whose Authorization header holds `credential` (an access key id,
+        a token) are refused with `status` and `code`, as a server refuses expired credentials."""
+        with self.lock:
+            self.expired[credential] = (status, code)
+
     def reset_counts(self) -> None:
         with self.lock:
             self.gets.clear()
             self.log.clear()
+            self.ranged.clear()
             self.requests = 0
             self.peak_in_flight = 0
             self.faults.clear()

@@ -104,8 +104,8 @@ def test_url_parsing_refuses_what_it_cannot_read():
     assert is_url("s3://b/k") and is_url("https://h/x") and not is_url("/tmp/x") and not is_url("rel/path")
     assert str(parse_url("s3://bucket/a/b")) == "s3://bucket/a/b"
     assert parse_url("https://host:8080/a/b").child("c.npy").key == "a/b/c.npy"
-    with pytest.raises(ValueError, match="gs:// is not supported yet"):
-        parse_url("gs://bucket/x")
+    with pytest.raises(ValueError, match="az:// is not supported yet"):
+        parse_url("az://bucket/x")
     with pytest.raises(ValueError, match="unknown URL scheme 'ftp'"):
         parse_url("ftp://h/x")
     with pytest.raises(ValueError, match="user name or password"):

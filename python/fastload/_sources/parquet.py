@@ -60,6 +60,12 @@ def parquet_files(path: Any) -> list[str]:
     return found
 
 
+def _remote(path: Any) -> bool:
+    from .._storage.urls import is_url  # noqa: PLC0415
+
+    return is_url(path) or (isinstance(path, (list, tuple)) and any(is_url(p) for p in path))
+
+
 def _file_state(path: str) -> tuple[str, int, int, int]:
     st = os.stat(path)
     return (path, st.st_size, st.st_mtime_ns, st.st_ino)
@@ -92,14 +98,25 @@ class Parquet:
 
     default_order = "block"
 
+    def __new__(cls, path: Any = None, *args: Any, **kwargs: Any) -> "Parquet":
+        # URLs (s3://, gs://, http(s)://): the files are fetched into a local cache as the plan
+        # needs them (remote_parquet.py); the class below only sees _locate/_state/_footer/_file.
+        if cls is Parquet and _remote(path):
+            from .remote_parquet import RemoteParquet  # noqa: PLC0415
+
+            cls = RemoteParquet
+        return super().__new__(cls)
+
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
                  cache_bytes: int | None = None, decode_threads: int | None = None):
         pq = _import_pyarrow()
-        self._args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length, "fill_null": fill_null,
-                      "with_valid": with_valid, "cache_bytes": cache_bytes, "decode_threads": decode_threads}
-        self._paths = parquet_files(path)
-        self._states = [_file_state(p) for p in self._paths]
+        # What a pickle reopens (RemoteParquet keeps its own: its URLs and options without secrets).
+        self._open_args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length,
+                           "fill_null": fill_null, "with_valid": with_valid, "cache_bytes": cache_bytes,
+                           "decode_threads": decode_threads}
+        self._paths = self._locate(path)
+        self._states = [self._state(k) for k in range(len(self._paths))]
         if cache_bytes is None:
             cache_bytes = _DEFAULT_CACHE_BYTES
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -115,7 +132,7 @@ class Parquet:
         metas = []
         for k, p in enumerate(self._paths):
             try:
-                f = pq.ParquetFile(p)
+                f = self._footer(k)
             except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
                 raise ValueError(f"{p} is not a readable Parquet file ({e})") from None
             if schema is None:
@@ -173,6 +190,17 @@ class Parquet:
                                          f"fill_null={{{c.path_in_schema!r}: value}} or drop it with columns=[...]")
                 start += rg.num_rows
 
+    # Where the files are (overridden by RemoteParquet): their names, a state that changes when a
+    # file is rewritten, a ParquetFile that has read the footer only, and one to decode from.
+    def _locate(self, path: Any) -> list[str]:
+        return parquet_files(path)
+
+    def _state(self, k: int) -> Any:
+        return _file_state(self._paths[k])
+
+    def _footer(self, k: int) -> Any:
+        return _import_pyarrow().ParquetFile(self._paths[k])
+
     def _file(self, k: int) -> Any:
         # A reader per decode: a ParquetFile is not shared between decoding threads, and a
         # collation thread's Python state does not outlive its call (so no per-thread cache).
@@ -184,7 +212,7 @@ class Parquet:
 
         k, g = self._groups[group]
         path = self._paths[k]
-        if _file_state(path) != self._states[k]:
+        if self._state(k) != self._states[k]:
             raise ValueError(f"the Parquet file {path} was rewritten since the source was opened: open it again")
         # Decoded in record batches of a few MiB, not in one piece: each is written while it is
         # in the caches, and no buffer grows by reallocation (a whole 128 MiB row group in one
@@ -240,7 +268,7 @@ class Parquet:
                                  f"{now[1]}): open it again and build a new Loader")
 
     def __reduce__(self) -> Any:
-        return (_reopen, (self._args, self.fingerprint()))
+        return (_reopen, (self._open_args, self.fingerprint()))
 
     def __repr__(self) -> str:
         return (f"Parquet({len(self)} rows in {len(self._rows)} row groups of {len(self._paths)} files; "

@@ -1,14 +1,15 @@
-"""The clients that talk to object storage: S3 (and S3-compatible servers) through boto3, and
-plain HTTP(S) through the standard library; one retry policy around both.
+"""The clients that talk to object storage: S3 (and S3-compatible servers) through obstore or
+boto3, GCS (gcs.py) and plain HTTP(S) through the standard library; one retry policy around all.
 
 Every request is retried here, not inside the client (boto3's own retries are switched off), so
 that the error raised after the budget names the URL, the last status and the attempts made.
-Credentials come from boto3's standard chain (environment, config files, instance metadata; it
-refreshes temporary ones) or from storage_options; they are never part of a message, a repr or
-a pickle (see redacted_options)."""
+Credentials come from each cloud's standard chain (credentials.py: refreshed when they expire,
+asked again when a server refuses them) or from storage_options; they are never part of a
+message, a repr or a pickle (see redacted_options)."""
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import random
 import re
@@ -19,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
+from .credentials import aws_chain, obstore_s3_provider
 from .urls import Url
 
 T = TypeVar("T")
@@ -35,6 +37,25 @@ _HTTP_OPTIONS = frozenset({"headers", "max_attempts", "connect_timeout", "read_t
 
 class FetchError(OSError):
     """A request that failed after its retry budget: names the URL, the last status, the attempts."""
+
+
+class ObjectChanged(OSError):
+    """The object was rewritten since it was listed (its version tag no longer matches)."""
+
+
+class Refused(PermissionError):
+    """401/403: the credentials were refused (a client asks its chain for new ones first)."""
+
+
+def _changed(url: Url, version: str) -> ObjectChanged:
+    return ObjectChanged(f"{url}: the object changed since the source was opened (it is no longer version "
+                         f"{version}); open the source again")
+
+
+def _refused(url: Url, label: str, renewable: bool) -> PermissionError:
+    more = ("; the credential chain gave no new credentials" if renewable else
+            "; check the credentials (environment, config files, instance role) and the bucket's policy")
+    return PermissionError(f"{url}: access denied ({label}){more}")
 
 
 class _Transient(Exception):
@@ -109,10 +130,15 @@ class Client:
         raise NotImplementedError
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None) -> int:
+            check: BodyCheck | None = None, version: str | None = None) -> int:
         """The whole object written to `out` (retried from the start on a transient failure, `out`
         rewound); returns its bytes. A body shorter or longer than `expected`, or one that
-        `check` refuses (a checksum), is fetched again."""
+        `check` refuses (a checksum), is fetched again. With `version` (the tag list or stat
+        gave), an object rewritten since is ObjectChanged, never its new bytes."""
+        raise NotImplementedError
+
+    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+        """Bytes [start, end) of the object (a short answer is fetched again)."""
         raise NotImplementedError
 
 
@@ -171,14 +197,22 @@ class S3Client(Client):
             retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=self.concurrency,
             connect_timeout=float(opts.get("connect_timeout", 10)), read_timeout=float(opts.get("read_timeout", 60)),
             signature_version=UNSIGNED if opts.get("anon") else None)
-        session = boto3.session.Session(
-            profile_name=opts.get("profile"),
-            aws_access_key_id=opts.get("key", opts.get("aws_access_key_id")),
-            aws_secret_access_key=opts.get("secret", opts.get("aws_secret_access_key")),
-            aws_session_token=opts.get("token", opts.get("aws_session_token")))
-        # endpoint_url None: boto3 reads AWS_ENDPOINT_URL (and AWS_ENDPOINT_URL_S3) itself.
-        self._s3 = session.client("s3", endpoint_url=opts.get("endpoint_url"), region_name=opts.get("region_name"),
+        key = opts.get("key", opts.get("aws_access_key_id"))
+        secret = opts.get("secret", opts.get("aws_secret_access_key"))
+        # The chain (renewed when a server refuses its credentials) unless credentials are given.
+        self._chain = None if opts.get("anon") or key is not None or secret is not None else aws_chain(opts.get("profile"))
+        static = boto3.session.Session(profile_name=opts.get("profile"), aws_access_key_id=key,
+                                       aws_secret_access_key=secret,
+                                       aws_session_token=opts.get("token", opts.get("aws_session_token")))
+
+        def make(session: Any) -> Any:
+            # endpoint_url None: boto3 reads AWS_ENDPOINT_URL (and AWS_ENDPOINT_URL_S3) itself.
+            return session.client("s3", endpoint_url=opts.get("endpoint_url"), region_name=opts.get("region_name"),
                                   config=config)
+
+        self._make = make
+        self._s3 = make(self._chain.creds[0] if self._chain is not None else static)
+        self._generation = 0
         self._lock = threading.Lock()
         self.requests = 0
 
@@ -186,32 +220,54 @@ class S3Client(Client):
         with self._lock:
             self.requests += 1
 
-    def _call(self, url: Url, what: str, fn: Callable[[], T]) -> T:
+    def _client(self) -> tuple[Any, int]:
+        with self._lock:
+            return self._s3, self._generation
+
+    def _renewed(self, generation: int) -> bool:
+        """After a refusal of generation `generation`'s credentials: a client with new ones."""
+        if self._chain is None or not self._chain.renew(generation):
+            return False
+        # Made with no lock held (see credentials.Renewable.renew); a race makes two, one is kept.
+        session, latest = self._chain.creds[0], self._chain.generation
+        s3 = self._make(session)
+        with self._lock:
+            if self._generation < latest:
+                self._s3, self._generation = s3, latest
+        return True
+
+    def _call(self, url: Url, what: str, fn: Callable[[Any], T], version: str | None = None) -> T:
         from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
 
         def once() -> T:
-            try:
-                return fn()
-            except ClientError as e:
-                err = e.response.get("Error", {})
-                code = str(err.get("Code", ""))
-                status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-                label = f"HTTP {status} {code}".strip()
-                if status in (404,) or code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
-                    raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
-                if status in (401, 403) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
-                                                    "SignatureDoesNotMatch", "ExpiredToken"):
-                    raise PermissionError(f"{url}: access denied ({label}); check the credentials "
-                                          "(environment, ~/.aws, instance role) and the bucket policy") from None
-                if status >= 500 or status == 429 or code in ("SlowDown", "Throttling", "RequestTimeout"):
-                    raise _Transient(label) from None
-                raise OSError(f"{what} {url}: {label}") from None
-            except BotoCoreError as e:
-                # Connection resets, timeouts, short reads: the class names the failure without
-                # carrying request headers (which hold the signature) into the message.
-                raise _Transient(type(e).__name__) from None
-            except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
-                raise _Transient(type(e).__name__) from None
+            for attempt in (0, 1):  # the second with renewed credentials
+                s3, generation = self._client()
+                try:
+                    return fn(s3)
+                except ClientError as e:
+                    err = e.response.get("Error", {})
+                    code = str(err.get("Code", ""))
+                    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+                    label = f"HTTP {status} {code}".strip()
+                    if status in (404,) or code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
+                        raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
+                    if status == 412 and version is not None:
+                        raise _changed(url, version) from None
+                    if status in (401, 403) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
+                                                        "SignatureDoesNotMatch", "ExpiredToken"):
+                        if attempt == 0 and self._renewed(generation):
+                            continue
+                        raise _refused(url, label, self._chain is not None) from None
+                    if status >= 500 or status == 429 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+                        raise _Transient(label) from None
+                    raise OSError(f"{what} {url}: {label}") from None
+                except BotoCoreError as e:
+                    # Connection resets, timeouts, short reads: the class names the failure without
+                    # carrying request headers (which hold the signature) into the message.
+                    raise _Transient(type(e).__name__) from None
+                except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
+                    raise _Transient(type(e).__name__) from None
+            raise AssertionError("unreachable")
 
         return self.policy.run(what, url, once)
 
@@ -222,7 +278,7 @@ class S3Client(Client):
             args = {"Bucket": prefix.bucket, "Prefix": prefix.key}
             if token:
                 args["ContinuationToken"] = token
-            page = self._call(prefix, "listing", lambda: self._s3.list_objects_v2(**args))
+            page = self._call(prefix, "listing", lambda s3: s3.list_objects_v2(**args))
             out += [(prefix._replace(key=o["Key"]), int(o["Size"]), str(o.get("ETag", "")))
                     for o in page.get("Contents", [])]
             if not page.get("IsTruncated"):
@@ -231,16 +287,22 @@ class S3Client(Client):
         return sorted(out, key=lambda t: t[0].key)
 
     def stat(self, url: Url) -> tuple[int, str]:
-        head = self._call(url, "HEAD", lambda: self._s3.head_object(Bucket=url.bucket, Key=url.key))
+        head = self._call(url, "HEAD", lambda s3: s3.head_object(Bucket=url.bucket, Key=url.key))
         return int(head["ContentLength"]), str(head.get("ETag", ""))
 
-    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None) -> int:
+    def _get(self, url: Url, out: BinaryIO, expected: int | None, check: BodyCheck | None, version: str | None,
+             range_: str | None = None) -> int:
         import urllib3.exceptions  # noqa: PLC0415 - botocore's transport
 
-        def once() -> int:
+        args = {"Bucket": url.bucket, "Key": url.key}
+        if version is not None:
+            args["IfMatch"] = version
+        if range_ is not None:
+            args["Range"] = range_
+
+        def once(s3: Any) -> int:
             self._count()
-            resp = self._s3.get_object(Bucket=url.bucket, Key=url.key)
+            resp = s3.get_object(**args)
             body = resp["Body"]
             try:
                 return _write_body(body.read, out, expected, url, check)
@@ -249,7 +311,16 @@ class S3Client(Client):
             finally:
                 body.close()
 
-        return self._call(url, "GET", once)
+        return self._call(url, "GET", once, version)
+
+    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
+            check: BodyCheck | None = None, version: str | None = None) -> int:
+        return self._get(url, out, expected, check, version)
+
+    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+        buf = io.BytesIO()
+        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}")
+        return buf.getvalue()
 
 
 class HttpClient(Client):
@@ -265,22 +336,14 @@ class HttpClient(Client):
         self._lock = threading.Lock()
         self.requests = 0
 
-    def _open(self, url: Url, method: str) -> Any:
-        req = urllib.request.Request(str(url), method=method, headers=self._headers)
-        try:
-            return urllib.request.urlopen(req, timeout=self._timeout)  # noqa: S310 - http(s) only (parse_url)
-        except urllib.error.HTTPError as e:
-            e.close()
-            label = f"HTTP {e.code} {e.reason}"
-            if e.code == 404:
-                raise FileNotFoundError(f"{url}: no such object ({label})") from None
-            if e.code in (401, 403):
-                raise PermissionError(f"{url}: access denied ({label})") from None
-            if e.code >= 500 or e.code == 429:
-                raise _Transient(label) from None
-            raise OSError(f"{method} {url}: {label}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
-            raise _Transient(type(getattr(e, "reason", e)).__name__) from None
+    def _open(self, url: Url, method: str, headers: Mapping[str, str] | None = None,
+              version: str | None = None) -> Any:
+        more = dict(headers or {})
+        if version and version.startswith('"'):  # a strong ETag
+            more["If-Match"] = version
+        elif version and not version.startswith("W/"):  # Last-Modified (a weak ETag never matches If-Match)
+            more["If-Unmodified-Since"] = version
+        return http_open(str(url), method, {**self._headers, **more}, self._timeout, url, version)
 
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
         raise ValueError(f"{prefix}: http(s):// has no listing; pass a list of URLs (or a dataset directory's "
@@ -298,17 +361,61 @@ class HttpClient(Client):
         return self.policy.run("HEAD", url, once)
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None) -> int:
+            check: BodyCheck | None = None, version: str | None = None) -> int:
         def once() -> int:
             with self._lock:
                 self.requests += 1
-            with self._open(url, "GET") as r:
-                try:
-                    return _write_body(r.read, out, expected, url, check)
-                except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
-                    raise _Transient(type(e).__name__) from None
+            with self._open(url, "GET", None, version) as r:
+                return read_response(r, out, expected, url, check)
 
         return self.policy.run("GET", url, once)
+
+    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+        def once() -> bytes:
+            with self._lock:
+                self.requests += 1
+            buf = io.BytesIO()
+            with self._open(url, "GET", {"Range": f"bytes={start}-{end - 1}"}, version) as r:
+                if r.status == 206:
+                    read_response(r, buf, end - start, url, None)
+                    return buf.getvalue()
+                read_response(r, buf, None, url, None)  # a server without ranges sends it all
+            data = buf.getbuffer()[start:end]
+            if len(data) != end - start:
+                raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
+            return bytes(data)
+
+        return self.policy.run("GET", url, once)
+
+
+def http_open(target: str, method: str, headers: Mapping[str, str], timeout: float, url: Url,
+              version: str | None = None) -> Any:
+    """urlopen(target) with the statuses turned into this module's errors (named by `url`, the
+    object, not by `target`, which may carry a query); a 401/403 is Refused."""
+    req = urllib.request.Request(target, method=method, headers=dict(headers))
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) only (parse_url)
+    except urllib.error.HTTPError as e:
+        e.close()
+        label = f"HTTP {e.code} {e.reason}"
+        if e.code == 404:
+            raise FileNotFoundError(f"{url}: no such object ({label})") from None
+        if e.code == 412 and version:
+            raise _changed(url, version) from None
+        if e.code in (401, 403):
+            raise Refused(f"{url}: access denied ({label})") from None
+        if e.code >= 500 or e.code in (408, 429):
+            raise _Transient(label) from None
+        raise OSError(f"{method} {url}: {label}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
+        raise _Transient(type(getattr(e, "reason", e)).__name__) from None
+
+
+def read_response(r: Any, out: BinaryIO, expected: int | None, url: Url, check: BodyCheck | None) -> int:
+    try:
+        return _write_body(r.read, out, expected, url, check)
+    except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
+        raise _Transient(type(e).__name__) from None
 
 
 _STATUS = re.compile(r"status code: (\d{3})")
@@ -319,8 +426,9 @@ class ObstoreS3Client(Client):
     """obstore (Rust's object_store): requests and body reads run in native code with the GIL
     released, which is why it is the default where it is installed (docs/object-storage.md has
     the measurement). Its own retries are off (RetryPolicy retries); credentials come from
-    boto3's chain when boto3 is installed (config files and profiles included, refreshed when
-    they expire), else from object_store's own (environment, instance metadata)."""
+    boto3's chain when boto3 is installed (config files and profiles included; refreshed when
+    they expire, asked again when the server refuses them), else from object_store's own
+    (environment, instance metadata)."""
 
     def __init__(self, options: Mapping[str, Any]):
         import obstore  # noqa: PLC0415
@@ -340,7 +448,7 @@ class ObstoreS3Client(Client):
         self._client_options = {"allow_http": bool(endpoint and endpoint.startswith("http:")),
                                 "connect_timeout": f"{float(opts.get('connect_timeout', 10))}s",
                                 "timeout": f"{float(opts.get('read_timeout', 60))}s"}
-        self._provider = None
+        self._chain = None
         key, secret = opts.get("key", opts.get("aws_access_key_id")), opts.get("secret", opts.get("aws_secret_access_key"))
         if opts.get("anon"):
             self._config["skip_signature"] = True
@@ -350,48 +458,68 @@ class ObstoreS3Client(Client):
             if token is not None:
                 self._config["token"] = token
         else:
-            self._provider = _boto3_credentials(opts.get("profile"))
-        self._stores: dict[str, Any] = {}
+            self._chain = aws_chain(opts.get("profile"))
+        self._provider = None if self._chain is None else obstore_s3_provider(self._chain)
+        self._stores: dict[str, tuple[Any, int]] = {}
         self._lock = threading.Lock()
         self.requests = 0
 
-    def _store(self, bucket: str) -> Any:
+    def _store(self, bucket: str) -> tuple[Any, int]:
+        """The bucket's store and the credentials' generation it was made with: a renewal makes
+        new stores (obstore keeps the credentials it was given until their expiry)."""
+        generation = 0 if self._chain is None else self._chain.generation
         with self._lock:
-            store = self._stores.get(bucket)
-            if store is None:
-                store = self._store_type(bucket, client_options=self._client_options, retry_config={"max_retries": 0},
-                                         credential_provider=self._provider, **self._config)
-                self._stores[bucket] = store
-            return store
+            got = self._stores.get(bucket)
+        if got is None or got[1] != generation:
+            # Made with no lock held (see credentials.Renewable.renew): a race makes two, one is kept.
+            made = (self._make_store(bucket), generation)
+            with self._lock:
+                got = self._stores.get(bucket)
+                if got is None or got[1] < generation:
+                    got = self._stores[bucket] = made
+        return got
 
-    def _call(self, url: Url, what: str, fn: Callable[[Any], T]) -> T:
+    def _make_store(self, bucket: str) -> Any:
+        return self._store_type(bucket, client_options=self._client_options, retry_config={"max_retries": 0},
+                                credential_provider=self._provider, **self._config)
+
+    def _call(self, url: Url, what: str, fn: Callable[[Any], T], version: str | None = None) -> T:
         from obstore import exceptions as ox  # noqa: PLC0415
 
         def once() -> T:
-            try:
-                return fn(self._store(url.bucket))
-            except (ox.PermissionDeniedError, ox.UnauthenticatedError):
-                raise PermissionError(f"{url}: access denied; check the credentials (environment, ~/.aws, instance "
-                                      "role) and the bucket policy") from None
-            except FileNotFoundError as e:  # obstore's NotFoundError is one
-                code = _CODE.search(str(e))
-                raise FileNotFoundError(f"{url}: no such object or bucket (HTTP 404{' ' + code.group(1) if code else ''})") from None
-            except ox.BaseError as e:
-                # Only the status and the S3 error code are kept: the rest of the text is the
-                # client's debug dump, which is no place to look for (or leak) anything.
-                text = str(e)
-                status = _STATUS.search(text)
-                code = _CODE.search(text)
-                label = " ".join(x for x in ("HTTP " + status.group(1) if status else "",
-                                             code.group(1) if code else "") if x) or type(e).__name__
-                n = int(status.group(1)) if status else 0
-                if n in (401, 403):
-                    raise PermissionError(f"{url}: access denied ({label})") from None
-                if n == 404:
-                    raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
-                if 400 <= n < 500 and n not in (408, 429):
-                    raise OSError(f"{what} {url}: {label}") from None
-                raise _Transient(label if status else "connection error") from None
+            for attempt in (0, 1):  # the second with renewed credentials
+                store, generation = self._store(url.bucket)
+                try:
+                    return fn(store)
+                except ox.PreconditionError:
+                    if version is None:
+                        raise OSError(f"{what} {url}: HTTP 412 precondition failed") from None
+                    raise _changed(url, version) from None
+                except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
+                    label = _label(str(e), type(e).__name__)
+                except FileNotFoundError as e:  # obstore's NotFoundError is one
+                    code = _CODE.search(str(e))
+                    raise FileNotFoundError(f"{url}: no such object or bucket (HTTP 404{' ' + code.group(1) if code else ''})") from None
+                except ox.BaseError as e:
+                    # Only the status and the S3 error code are kept: the rest of the text is the
+                    # client's debug dump, which is no place to look for (or leak) anything.
+                    text = str(e)
+                    status = _STATUS.search(text)
+                    label = _label(text, type(e).__name__)
+                    n = int(status.group(1)) if status else 0
+                    if n == 404:
+                        raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
+                    if n == 412 and version is not None:
+                        raise _changed(url, version) from None
+                    if n not in (401, 403):
+                        if 400 <= n < 500 and n not in (408, 429):
+                            raise OSError(f"{what} {url}: {label}") from None
+                        raise _Transient(label if status else "connection error") from None
+                # Refused (401/403): the chain again, and once more with what it gives.
+                if attempt == 0 and self._chain is not None and self._chain.renew(generation):
+                    continue
+                raise _refused(url, label, self._chain is not None) from None
+            raise AssertionError("unreachable")
 
         return self.policy.run(what, url, once)
 
@@ -407,14 +535,39 @@ class ObstoreS3Client(Client):
         return int(meta["size"]), str(meta.get("e_tag") or "")
 
     def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None) -> int:
+            check: BodyCheck | None = None, version: str | None = None) -> int:
+        options = {"if_match": version} if version is not None else None
+
         def run(store: Any) -> int:
             with self._lock:
                 self.requests += 1
-            result = self._obstore.get(store, url.key)
+            result = self._obstore.get(store, url.key, options=options)
             return _write_body(_chunks(result.stream(min_chunk_size=_CHUNK)), out, expected, url, check)
 
-        return self._call(url, "GET", run)
+        return self._call(url, "GET", run, version)
+
+    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+        options: dict[str, Any] = {"range": (start, end)}
+        if version is not None:
+            options["if_match"] = version
+
+        def run(store: Any) -> bytes:
+            with self._lock:
+                self.requests += 1
+            data = bytes(self._obstore.get(store, url.key, options=options).bytes())
+            if len(data) != end - start:
+                raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
+            return data
+
+        return self._call(url, "GET", run, version)
+
+
+def _label(text: str, fallback: str) -> str:
+    """"HTTP <status> <S3 error code>" from a client's error text, or `fallback`."""
+    status = _STATUS.search(text)
+    code = _CODE.search(text)
+    return " ".join(x for x in ("HTTP " + status.group(1) if status else "", code.group(1) if code else "") if x) \
+        or fallback
 
 
 def _chunks(stream: Any) -> Callable[[int], bytes]:
@@ -427,30 +580,14 @@ def _chunks(stream: Any) -> Callable[[int], bytes]:
     return read
 
 
-def _boto3_credentials(profile: str | None) -> Any:
-    """obstore's credentials from boto3's standard chain (refreshed when they expire), or None
-    (object_store's own chain) where boto3 is not installed or finds none."""
-    try:
-        import boto3  # noqa: PLC0415
-    except ImportError:
-        return None
-    session = boto3.session.Session(profile_name=profile)
-    credentials = session.get_credentials()
-    if credentials is None:
-        return None
-
-    def provide() -> dict[str, Any]:
-        frozen = credentials.get_frozen_credentials()  # refreshes temporary credentials
-        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
-                "expires_at": None}
-
-    return provide
-
-
 def make_client(scheme: str, options: Mapping[str, Any] | None) -> Client:
     """The client for a scheme. s3: storage_options["client"] "obstore" or "boto3"; default
     obstore where it is installed (measured ~3x boto3's parallel GETs), else boto3."""
     options = {} if options is None else options
+    if scheme == "gs":
+        from .gcs import GcsClient  # noqa: PLC0415
+
+        return GcsClient(options)
     if scheme != "s3":
         return HttpClient(options)
     choice = options.get("client")

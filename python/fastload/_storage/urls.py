@@ -6,20 +6,21 @@ import os
 import urllib.parse
 from typing import Any, NamedTuple
 
-SCHEMES = ("s3", "http", "https")
+SCHEMES = ("s3", "gs", "http", "https")
+BUCKET_SCHEMES = ("s3", "gs")  # scheme://bucket/key, with a listing
+# Other spellings of a scheme (fsspec's gcsfs takes gcs:// too).
+ALIASES = {"gcs": "gs"}
 # Schemes fastload recognises as object storage but cannot read yet: an error that says so,
 # never "no such file or directory" for a path that looks like a URL.
-LATER = ("gs", "gcs", "az", "abfs", "abfss", "hf")
+LATER = ("az", "abfs", "abfss", "hf")
 
 
 class Url(NamedTuple):
-    scheme: str  # "s3", "http" or "https"
-    bucket: str  # s3: the bucket; http(s): the host (with port)
-    key: str  # s3: the object key (or a prefix); http(s): the path without its leading "/"
+    scheme: str  # "s3", "gs", "http" or "https"
+    bucket: str  # s3, gs: the bucket; http(s): the host (with port)
+    key: str  # s3, gs: the object key (or a prefix); http(s): the path without its leading "/"
 
     def __str__(self) -> str:
-        if self.scheme == "s3":
-            return f"s3://{self.bucket}/{self.key}"
         return f"{self.scheme}://{self.bucket}/{self.key}"
 
     def child(self, name: str) -> "Url":
@@ -40,16 +41,18 @@ def parse_url(value: str, what: str = "path") -> Url:
     """A URL this layer reads, or a ValueError naming `what` and the value. User info (a secret in
     https://user:secret@host/...) is refused rather than carried into messages and state."""
     scheme, _, rest = value.partition("://")
+    scheme = ALIASES.get(scheme, scheme)
     if scheme in LATER:
-        raise ValueError(f"{what} {value!r}: {scheme}:// is not supported yet (s3:// and http(s):// are); "
+        raise ValueError(f"{what} {value!r}: {scheme}:// is not supported yet (s3://, gs:// and http(s):// are); "
                          "mount the bucket or copy the data locally")
     if scheme not in SCHEMES:
-        raise ValueError(f"{what} {value!r}: unknown URL scheme {scheme!r} (supported: s3://, http://, https://)")
-    if scheme == "s3":
+        raise ValueError(f"{what} {value!r}: unknown URL scheme {scheme!r} (supported: s3://, gs://, http://, "
+                         "https://)")
+    if scheme in BUCKET_SCHEMES:
         bucket, _, key = rest.partition("/")
         if not bucket:
-            raise ValueError(f"{what} {value!r}: an s3:// URL needs a bucket (s3://bucket/prefix)")
-        return Url("s3", bucket, key)
+            raise ValueError(f"{what} {value!r}: an {scheme}:// URL needs a bucket ({scheme}://bucket/prefix)")
+        return Url(scheme, bucket, key)
     parts = urllib.parse.urlsplit(value)
     if parts.username is not None or parts.password is not None:
         raise ValueError(f"{what}: an {scheme}:// URL with a user name or password is refused (it would be "

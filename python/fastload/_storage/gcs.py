@@ -1,0 +1,140 @@
+"""gs:// through Google Cloud Storage's JSON API (the API google-cloud-storage and gcsfs speak),
+over the standard library's HTTP client, with the retry policy, errors and version checks of
+the other clients (client.py).
+
+Credentials: Application Default Credentials through google-auth (GOOGLE_APPLICATION_CREDENTIALS,
+gcloud's application_default_credentials.json, workload identity, the metadata server), a token
+refreshed before it expires and renewed when the server answers 401/403. Where
+STORAGE_EMULATOR_HOST is set (Google's convention for a local emulator) requests go there,
+unauthenticated, as Google's own clients do. The version tag of an object is its generation: a
+GET names it (ifGenerationMatch), so an object rewritten since the listing is ObjectChanged,
+never its new bytes."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.parse
+from typing import Any, BinaryIO, Callable, Mapping, TypeVar
+
+from .client import (BodyCheck, Client, Refused, _check_options, _policy, _refused, http_open, read_response)
+from .credentials import BearerTokens, google_chain
+from .urls import Url
+
+T = TypeVar("T")
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
+_OPTIONS = frozenset({"endpoint_url", "anon", "token", "max_attempts", "connect_timeout", "read_timeout",
+                      "max_concurrency", "backoff", "max_backoff"})
+
+
+class GcsClient(Client):
+    """storage_options: `endpoint_url` (else STORAGE_EMULATOR_HOST, else storage.googleapis.com),
+    `anon` (no credentials: public buckets, emulators), `token` (an OAuth2 access token, used
+    as given), and the retry and concurrency settings every client takes."""
+
+    def __init__(self, options: Mapping[str, Any]):
+        opts = _check_options(options, _OPTIONS, "gs")
+        self.policy = _policy(opts)
+        self.concurrency = int(opts.get("max_concurrency", 16))
+        self._timeout = float(opts.get("read_timeout", 60))
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        endpoint = opts.get("endpoint_url") or emulator or DEFAULT_ENDPOINT
+        if "://" not in endpoint:  # STORAGE_EMULATOR_HOST may be host:port
+            endpoint = "http://" + endpoint
+        self._base = endpoint.rstrip("/")
+        self._tokens: BearerTokens | None = None
+        self._static: dict[str, str] = {}
+        if opts.get("token") is not None:
+            self._static = {"Authorization": f"Bearer {opts['token']}"}
+        elif not opts.get("anon") and not (emulator and not opts.get("endpoint_url")):
+            try:
+                chain = google_chain([_SCOPE])
+            except Exception as e:  # noqa: BLE001 - google-auth's DefaultCredentialsError and kin
+                raise PermissionError(f"gs://: no Google credentials found ({type(e).__name__}): set "
+                                      "GOOGLE_APPLICATION_CREDENTIALS, run `gcloud auth application-default login`, "
+                                      "run on a machine with a service account, or pass storage_options={'anon': "
+                                      "True} for a public bucket") from None
+            if chain is None:
+                raise ImportError("gs:// URLs take credentials from google-auth: pip install google-auth (or "
+                                  "fastload[gcs]); or pass storage_options={'anon': True} for a public bucket")
+            self._tokens = BearerTokens(chain)
+        self._lock = threading.Lock()
+        self.requests = 0
+
+    # ------------------------------------------------------------------ requests
+    def _target(self, url: Url, media: bool, query: Mapping[str, str] | None = None) -> str:
+        bucket = urllib.parse.quote(url.bucket, safe="")
+        path = f"/download/storage/v1/b/{bucket}/o" if media else f"/storage/v1/b/{bucket}/o"
+        if url.key or media:
+            path += "/" + urllib.parse.quote(url.key, safe="")
+        q = dict(query or {})
+        if media:
+            q["alt"] = "media"
+        return self._base + path + ("?" + urllib.parse.urlencode(q) if q else "")
+
+    def _call(self, what: str, url: Url, fn: Callable[[dict[str, str]], T]) -> T:
+        """fn(headers) under the retry policy; a refusal asks the credential chain again once."""
+
+        def once() -> T:
+            for attempt in (0, 1):
+                headers, generation = self._tokens.header() if self._tokens is not None else (self._static, 0)
+                try:
+                    return fn(headers)
+                except Refused as e:
+                    label = str(e).rsplit("(", 1)[-1].rstrip(")")
+                    if attempt == 0 and self._tokens is not None and self._tokens.renew(generation, headers):
+                        continue
+                    raise _refused(url, label, self._tokens is not None) from None
+            raise AssertionError("unreachable")
+
+        return self.policy.run(what, url, once)
+
+    def _json(self, what: str, url: Url, target: str) -> Any:
+        def fn(headers: dict[str, str]) -> Any:
+            with http_open(target, "GET", headers, self._timeout, url) as r:
+                return json.loads(r.read())
+
+        return self._call(what, url, fn)
+
+    # ------------------------------------------------------------------ Client
+    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
+        out: list[tuple[Url, int, str]] = []
+        query = {"prefix": prefix.key, "fields": "items(name,size,generation),nextPageToken"}
+        while True:
+            page = self._json("listing", prefix, self._target(prefix._replace(key=""), False, query))
+            out += [(prefix._replace(key=o["name"]), int(o["size"]), str(o.get("generation", "")))
+                    for o in page.get("items", [])]
+            token = page.get("nextPageToken")
+            if not token:
+                break
+            query["pageToken"] = token
+        return sorted(out, key=lambda t: t[0].key)
+
+    def stat(self, url: Url) -> tuple[int, str]:
+        meta = self._json("HEAD", url, self._target(url, False, {"fields": "size,generation"}))
+        return int(meta["size"]), str(meta.get("generation", ""))
+
+    def _get(self, url: Url, out: BinaryIO, expected: int | None, check: BodyCheck | None, version: str | None,
+             range_: str | None) -> int:
+        target = self._target(url, True, {"ifGenerationMatch": version} if version else None)
+
+        def fn(headers: dict[str, str]) -> int:
+            with self._lock:
+                self.requests += 1
+            more = {**headers, "Range": range_} if range_ else headers
+            with http_open(target, "GET", more, self._timeout, url, version) as r:
+                return read_response(r, out, expected, url, check)
+
+        return self._call("GET", url, fn)
+
+    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
+            check: BodyCheck | None = None, version: str | None = None) -> int:
+        return self._get(url, out, expected, check, version, None)
+
+    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+        import io  # noqa: PLC0415
+
+        buf = io.BytesIO()
+        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}")
+        return buf.getvalue()

@@ -1,0 +1,225 @@
+"""fl.Parquet over URLs, against the real S3 server of the tests (moto on 127.0.0.1) behind the
+counting proxy of tests/s3_proxy.py, and against the GCS emulator: batches equal those of
+fl.Parquet over the same local files (block and random orders, threads, ranks, resume); opening
+reads the listing and one ranged GET of each file's end, no file; files are fetched whole into
+the bounded cache along the plan, pinned to the ETag listed at open."""
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from remote_helpers import S3_CLIENTS, batches as _batches, equal as _equal, opts as _opts
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+boto3 = pytest.importorskip("boto3")
+
+COLUMNS = ["id", "f", "vec", "tokens"]
+LENGTHS = {"tokens": 6}
+
+
+def _table(rows: int, seed: int, start: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 9, rows)
+    return pa.table({
+        "id": pa.array(np.arange(start, start + rows), pa.int64()),
+        "f": pa.array(rng.standard_normal(rows).astype(np.float32)),
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(3 * rows).astype(np.float32)), 3),
+        "tokens": pa.array([list(range(k)) for k in lens], pa.list_(pa.int32())),
+        "pad": pa.array(rng.integers(0, 1 << 62, rows)),  # not read: makes each file larger than the footer read
+    })
+
+
+@pytest.fixture
+def parquet_dir(tmp_path):
+    """4 files of 5-7 row groups of 1000 rows (about 200 KB each, footers of a few KB), plus the
+    _SUCCESS and .crc files writers leave."""
+    d = tmp_path / "pq"
+    d.mkdir()
+    start = 0
+    for k, rows in enumerate([5000, 4300, 6100, 5555]):
+        pq.write_table(_table(rows, k, start), d / f"part-{k:05d}.parquet", row_group_size=1000)
+        start += rows
+    (d / "_SUCCESS").write_bytes(b"")
+    (d / ".part-00000.parquet.crc").write_bytes(b"junk")
+    return d
+
+
+def _upload_s3(endpoint, local, prefix="pq"):
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    bucket = f"p-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    for name in sorted(os.listdir(local)):
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=(local / name).read_bytes())
+    return bucket, s3
+
+
+def _files(local):
+    return sorted(str(local / n) for n in os.listdir(local) if n.endswith(".parquet") and not n.startswith("."))
+
+
+@pytest.mark.parametrize("client", S3_CLIENTS)
+def test_open_reads_footers_only_and_batches_equal_local(parquet_dir, s3_server, s3_proxy, tmp_path, client):
+    bucket, _ = _upload_s3(s3_server[0], parquet_dir)
+    url = f"s3://{bucket}/pq/"
+    remote = fl.Parquet(url, COLUMNS, max_length=LENGTHS, storage_options=_opts(s3_proxy.url, client=client),
+                        cache_dir=tmp_path / "cache")
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    # Open: one ranged GET of each file's end (the footer), nothing of _SUCCESS or the .crc file.
+    parts = [f"/{bucket}/pq/part-{k:05d}.parquet" for k in range(4)]
+    assert dict(s3_proxy.gets) == {p: 1 for p in parts} and dict(s3_proxy.ranged) == {p: 1 for p in parts}
+    assert remote.storage_stats().bytes_fetched == 0 and not os.listdir(remote.cache_dir)
+    assert remote.files == [f"s3://{bucket}/pq/part-{k:05d}.parquet" for k in range(4)]
+    assert len(remote) == len(here) and remote.shard_rows == here.shard_rows and remote.names == here.names
+    s3_proxy.reset_counts()
+    for order in ("block", "random"):
+        for epoch in (0, 1):
+            kw = dict(batch_size=64, shuffle=True, seed=4, order=order, num_threads=2, with_index=True, device="cpu")
+            _equal(_batches(fl.Loader(remote, **kw), epoch), _batches(fl.Loader(here, **kw), epoch))
+    # Whole files, each fetched once (the cache holds them all), none by range after the open.
+    assert dict(s3_proxy.gets) == {p: 1 for p in parts} and not s3_proxy.ranged
+    sizes = [os.path.getsize(f) for f in _files(parquet_dir)]
+    stats = remote.storage_stats()
+    assert stats.bytes_fetched == sum(sizes) and stats.prefetched > 0  # fetched ahead along the plan
+
+
+def test_a_footer_longer_than_the_first_read(s3_server, s3_proxy, tmp_path):
+    local = tmp_path / "big"
+    local.mkdir()
+    pq.write_table(_table(6000, 1, 0), local / "many-groups.parquet", row_group_size=20)  # 300 row groups
+    footer = int.from_bytes((local / "many-groups.parquet").read_bytes()[-8:-4], "little")
+    assert footer > 64 << 10
+    bucket, _ = _upload_s3(s3_server[0], local)
+    remote = fl.Parquet(f"s3://{bucket}/pq/", COLUMNS, max_length=LENGTHS, storage_options=_opts(s3_proxy.url),
+                        cache_dir=tmp_path / "cache")
+    assert sum(s3_proxy.ranged.values()) == sum(s3_proxy.gets.values()) == 2  # the end, then the rest of the footer
+    here = fl.Parquet(str(local), COLUMNS, max_length=LENGTHS)
+    assert remote.shard_rows == here.shard_rows
+    kw = dict(batch_size=128, shuffle=True, seed=3, num_threads=2, device="cpu")
+    _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+
+
+def test_ranks_resume_and_a_small_cache(parquet_dir, s3_server, s3_proxy, tmp_path):
+    bucket, _ = _upload_s3(s3_server[0], parquet_dir)
+    urls = [f"s3://{bucket}/pq/part-{k:05d}.parquet" for k in range(4)]  # a list of URLs
+    sizes = [os.path.getsize(f) for f in _files(parquet_dir)]
+    limit = max(sizes) * 2 + 1  # two of the four files
+    remote = fl.Parquet(urls, COLUMNS, max_length=LENGTHS, storage_options=_opts(s3_proxy.url),
+                        cache_dir=tmp_path / "cache", cache_limit=limit)
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    for rank in range(3):
+        kw = dict(batch_size=50, shuffle=True, seed=5, rank=rank, world_size=3, num_threads=2, device="cpu")
+        _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+    for rank in range(2):
+        kw = dict(batch_size=50, shuffle=True, seed=6, rank=rank, world_size=2, partition="shards", device="cpu")
+        _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+    stats = remote.storage_stats()
+    assert stats.cached_bytes <= limit and stats.evictions > 0
+    kw = dict(batch_size=64, shuffle=True, seed=9, num_threads=2, order="block", device="cpu")
+    with fl.Loader(remote, **kw) as first:
+        it = iter(first)
+        for _ in range(30):
+            next(it)
+        state = first.state_dict()
+        del it
+    resumed, reference = fl.Loader(remote, **kw), fl.Loader(here, **kw)
+    resumed.load_state_dict(state)
+    reference.load_state_dict(state)
+    _equal(_batches(resumed), _batches(reference))
+    # A pickle travels by URL (no credentials) and reads the same cache.
+    back = pickle.loads(pickle.dumps(remote))
+    _equal(_batches(fl.Loader(back, batch_size=100, device="cpu")), _batches(fl.Loader(here, batch_size=100, device="cpu")))
+
+
+@pytest.mark.parametrize("client", S3_CLIENTS)
+def test_rewritten_object_is_refused_not_read(parquet_dir, s3_server, tmp_path, client):
+    bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
+    remote = fl.Parquet(f"s3://{bucket}/pq/", ["id"], storage_options=_opts(s3_server[0], client=client),
+                        cache_dir=tmp_path / "cache")
+    loader = fl.Loader(remote, batch_size=100, device="cpu")
+    pq.write_table(_table(5000, 99, 0), tmp_path / "new.parquet", row_group_size=1000)
+    s3.put_object(Bucket=bucket, Key="pq/part-00002.parquet", Body=(tmp_path / "new.parquet").read_bytes())
+    with pytest.raises(Exception, match=r"part-00002.parquet: the object changed since the source was opened"):
+        _batches(loader)
+    # A new open lists the new version, and reads it.
+    fresh = fl.Parquet(f"s3://{bucket}/pq/", ["id"], storage_options=_opts(s3_server[0], client=client),
+                       cache_dir=tmp_path / "cache")
+    ids = np.concatenate([b["id"].numpy() for b in _batches(fl.Loader(fresh, batch_size=1000, device="cpu"))])
+    assert len(ids) == 5000 + 4300 + 5000 + 5555
+
+
+def test_corrupt_and_truncated_downloads_are_fetched_again(parquet_dir, s3_server, s3_proxy, tmp_path):
+    bucket, _ = _upload_s3(s3_server[0], parquet_dir)
+    remote = fl.Parquet(f"s3://{bucket}/pq/", COLUMNS, max_length=LENGTHS, storage_options=_opts(s3_proxy.url),
+                        cache_dir=tmp_path / "cache")
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    s3_proxy.arm("corrupt", match="part-00001", times=2)  # the last byte flipped: the footer check refuses it
+    s3_proxy.arm("truncate", match="part-00003", times=2)
+    kw = dict(batch_size=64, shuffle=True, seed=1, num_threads=2, device="cpu")
+    _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+    assert all(f.times == 0 for f in s3_proxy.faults)
+
+
+def test_bad_objects_name_their_url(s3_server, tmp_path):
+    s3 = boto3.client("s3", endpoint_url=s3_server[0], region_name="us-east-1")
+    bucket = f"p-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="x/a.parquet", Body=b"not a parquet file at all")
+    with pytest.raises(ValueError, match=rf"s3://{bucket}/x/a.parquet is not a Parquet file"):
+        fl.Parquet(f"s3://{bucket}/x/", storage_options=_opts(s3_server[0]), cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"s3://{bucket}/y/: no objects"):
+        fl.Parquet(f"s3://{bucket}/y/", storage_options=_opts(s3_server[0]), cache_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"s3://{bucket}/x/b.parquet"):
+        fl.Parquet([f"s3://{bucket}/x/b.parquet"], storage_options=_opts(s3_server[0]), cache_dir=tmp_path)
+
+
+def test_gs_parquet_equals_local(parquet_dir, gcs_server, tmp_path):
+    bucket = gcs_server.bucket()
+    for name in sorted(os.listdir(parquet_dir)):
+        data = (parquet_dir / name).read_bytes()
+        if data:  # the emulator refuses an empty upload (_SUCCESS)
+            gcs_server.put(bucket, f"pq/{name}", data)
+    remote = fl.Parquet(f"gs://{bucket}/pq/", COLUMNS, max_length=LENGTHS,
+                        storage_options={"endpoint_url": gcs_server.url, "anon": True}, cache_dir=tmp_path / "cache")
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    kw = dict(batch_size=64, shuffle=True, seed=2, num_threads=2, device="cpu")
+    _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(here, **kw)))
+
+
+def test_http_urls_public_objects_and_a_plain_file_server(parquet_dir, s3_server, s3_proxy, tmp_path):
+    """http(s):// URLs: public objects of the S3 server (ETags, ranges), and Python's own file
+    server (no ETag, no ranges: the footer read takes the whole file, the version is its
+    Last-Modified)."""
+    import functools
+    import http.server
+    import threading
+
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    kw = dict(batch_size=64, shuffle=True, seed=7, num_threads=2, device="cpu")
+    reference = _batches(fl.Loader(here, **kw))
+    bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
+    names = [os.path.basename(f) for f in _files(parquet_dir)]
+    for n in names:
+        s3.put_object_acl(Bucket=bucket, Key=f"pq/{n}", ACL="public-read")
+    public = fl.Parquet([f"{s3_proxy.url}/{bucket}/pq/{n}" for n in names], COLUMNS, max_length=LENGTHS,
+                        storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c1")
+    assert sum(s3_proxy.ranged.values()) == len(names)
+    _equal(_batches(fl.Loader(public, **kw)), reference)
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(parquet_dir))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        plain = fl.Parquet([f"{base}/{n}" for n in names], COLUMNS, max_length=LENGTHS,
+                           storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c2")
+        _equal(_batches(fl.Loader(plain, **kw)), reference)
+    finally:
+        server.shutdown()
+        server.server_close()
