@@ -136,6 +136,41 @@ def test_ranks_resume_and_a_small_cache(parquet_dir, s3_server, s3_proxy, tmp_pa
     _equal(_batches(fl.Loader(back, batch_size=100, device="cpu")), _batches(fl.Loader(here, batch_size=100, device="cpu")))
 
 
+def test_prefetch_fetches_the_files_of_the_plans_row_groups_in_order(parquet_dir, s3_server, s3_proxy, tmp_path):
+    """The plan speaks row groups (5-7 a file here), the fetcher files: with the consumer standing
+    still after its first batch, every file is still prefetched, once, in the order the plan first
+    reads one of its row groups (from the batches of the same loader over the local files)."""
+    import time
+
+    bucket, _ = _upload_s3(s3_server[0], parquet_dir)
+    here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
+    remote = fl.Parquet(f"s3://{bucket}/pq/", COLUMNS, max_length=LENGTHS,
+                        storage_options=_opts(s3_proxy.url, max_concurrency=1), cache_dir=tmp_path / "cache")
+    s3_proxy.reset_counts()
+    s3_proxy.arm("delay", match=".parquet", times=1000, delay=0.05)
+    kw = dict(batch_size=500, shuffle=True, seed=4, order="block", num_threads=1, prefetch=1, with_index=True,
+              device="cpu")
+    with fl.Loader(remote, **kw) as loader:
+        it = iter(loader)
+        next(it)  # then stand still
+        deadline = time.monotonic() + 20
+        while len(s3_proxy.gets) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sorted(s3_proxy.gets) == [f"/{bucket}/pq/part-{k:05d}.parquet" for k in range(4)]
+        assert max(s3_proxy.gets.values()) == 1
+        ends = np.cumsum([5000, 4300, 6100, 5555])  # rows of the fixture's files
+        first: dict[int, int] = {}
+        for step, b in enumerate(_batches(fl.Loader(here, **kw))):
+            for f in np.searchsorted(ends, b["index"].numpy(), side="right"):
+                first.setdefault(int(f), step)
+        fetched = [int(p[-13:-8]) for p in s3_proxy.log]
+        steps = [first[f] for f in fetched]
+        # In plan order, but for the two requests that may be in flight at once (the prefetcher's,
+        # and the one a collation thread makes for its batch).
+        assert all(steps[i] <= steps[j] for i in range(len(steps)) for j in range(i + 2, len(steps))), (fetched, first)
+        del it
+
+
 @pytest.mark.parametrize("client", S3_CLIENTS)
 def test_rewritten_object_is_refused_not_read(parquet_dir, s3_server, tmp_path, client):
     bucket, s3 = _upload_s3(s3_server[0], parquet_dir)

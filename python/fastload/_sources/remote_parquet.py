@@ -140,8 +140,22 @@ class _ByFile:
     def start_epoch(self, seq: np.ndarray, position: Any, boundary: int | None = None, prefetch: bool = True) -> None:
         self._fetcher.start_epoch(self._file_of_group[np.asarray(seq, dtype=np.int64)], position, boundary, prefetch)
 
+    def follow(self, plan: Any, position: Any, boundary: int | None = None) -> None:
+        self._fetcher.follow(_FilePlan(plan, self._file_of_group), position, boundary)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fetcher, name)
+
+
+class _FilePlan:
+    """A plan of row groups (the Loader's, _storage/plan.py) as the fetcher reads it: of files."""
+
+    def __init__(self, plan: Any, file_of_group: np.ndarray):
+        self._plan, self._file_of_group = plan, file_of_group
+
+    def window(self, at: int) -> Any:
+        w = self._plan.window(at)
+        return w._replace(shards=self._file_of_group[w.shards])
 
 
 class RemoteParquet(Parquet):
