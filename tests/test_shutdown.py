@@ -161,3 +161,44 @@ def test_fork_child_gets_a_clear_error_and_a_fresh_loader_works():
     msg, n = report.split("|")
     assert "created before a fork" in msg and n == "100"
     assert len(list(it)) > 0  # the parent is unaffected
+
+
+def test_a_loader_dropped_on_a_thread_its_collation_waits_for_does_not_wait():
+    """Garbage collection may run a Loader's finaliser on one of fastload's own threads (a
+    download thread a collation thread is waiting for). There the finaliser must not wait for the
+    collation threads: it closes from a thread of its own, and the threads still end."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    class Waits:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            if threading.current_thread() is not threading.main_thread():  # not the first sample's probe
+                inside.set()
+                release.wait(30)  # what a collation thread does while its download is in flight
+            return np.float32(i)
+
+    gc.collect()
+    before = native_thread_count()
+    held = [fl.Loader(Waits(), batch_size=4, num_threads=1, timeout=20)]
+    held.append(iter(held[0]))
+    assert inside.wait(10)
+    took = []
+
+    def download():  # the thread the collation thread waits for drops the last references
+        t0 = time.monotonic()
+        held.clear()  # without the fix: 20 s (the timeout), then the collation thread left behind
+        took.append(time.monotonic() - t0)
+        release.set()
+
+    t = threading.Thread(target=download, name="fastload-fetch-test")
+    t.start()
+    t.join(30)
+    assert took and took[0] < 2.0, took
+    deadline = time.monotonic() + 20
+    while native_thread_count() != before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert native_thread_count() == before

@@ -34,6 +34,14 @@ from ._storage.plan import attach_loader, follow_run
 LoaderIterator = _C.Iterator
 
 
+def _on_service_thread() -> bool:
+    """Whether this thread serves some loader's collation: fastload's download and prefetch
+    threads (named "fastload-..."), or a native thread calling into Python (a collation thread
+    in __getitem__ or a decode thread: Python knows it only as a dummy thread)."""
+    t = threading.current_thread()
+    return t.name.startswith("fastload-") or isinstance(t, threading._DummyThread)
+
+
 class Loader:
     """Batches from a Dataset or Windows source, sampled and collated by native threads and, for a
     GPU, copied to the device ahead of time on the loader's own CUDA streams.
@@ -352,7 +360,14 @@ class Loader:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if _on_service_thread():
+                # Garbage collection ran this finaliser on one of fastload's own threads (a
+                # download thread, or a native collation or decode thread inside Python): close()
+                # waits for the collation threads, which may be waiting for this very thread.
+                # Close from a thread of its own instead (PEP 442: self lives until it is done).
+                threading.Thread(target=self.close, daemon=True, name="fastload-close").start()
+            else:
+                self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
 
