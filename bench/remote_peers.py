@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -41,6 +42,7 @@ import threading
 import time
 import traceback
 import urllib.request
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +184,7 @@ def write_formats(shape: str, root: Path, gb: float, shard_mb: int) -> dict:
             from litdata.streaming.item_loader import TokensLoader
 
             d = root / "litdata-tokens"
+            warnings.filterwarnings("ignore", "An item was larger than the target chunk size")  # a file = a chunk
             ld.optimize(fn=functools.partial(_litdata_tokens, tokens_per_file=per), inputs=list(range(files)),
                         output_dir=str(d), chunk_bytes=shard_bytes, item_loader=TokensLoader(), num_workers=1,
                         mode="overwrite", verbose=False)
@@ -431,9 +434,15 @@ def main(args: argparse.Namespace) -> None:
     loaders = args.loader or list(LOADERS)
     tmp = Path(tempfile.mkdtemp(prefix="bench_remote_peers_"))
     proc, endpoint = start_server()
+    versions = []
+    for dist in ("fastload", "torch", "mosaicml-streaming", "litdata", "moto", "obstore", "boto3"):
+        try:
+            versions.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist} not installed")
     print(f"# bench_remote --peers: {args.gb:g} GB per shape in {args.shard_mb} MiB shards, {args.rounds} round(s), "
           f"{args.threads} threads/workers, batch {args.batch}, cache {args.cache_share:.0%} of the dataset; moto on {endpoint}; "
-          f"load average at start {loadavg()} on {os.cpu_count()} CPUs", flush=True)
+          f"load average at start {loadavg()} on {os.cpu_count()} CPUs\n# {', '.join(versions)}", flush=True)
     try:
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket=BUCKET)
