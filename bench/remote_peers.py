@@ -8,7 +8,10 @@ Data, written once per run in each loader's own format and uploaded to moto's se
     (chunk_bytes = the shard size);
   - tokens: uint16 tokens in files of --shard-mb, read as windows of 2049 tokens (stride 2048):
     fastload Windows.from_files over the raw files, MDS samples of one window each, litdata
-    chunks read with its TokensLoader(block_size=2049) (its windows do not overlap: stride 2049).
+    chunks read with its TokensLoader(block_size=2049) (its windows do not overlap: stride 2049;
+    one token file is one item, so one chunk, and litdata warns that the item is larger than
+    chunk_bytes).
+litdata's max_pre_download is 1 (--litdata-pre-download; its default 2 hangs on a 25% cache).
 Each loader reads with 2 threads or 2 DataLoader workers, batch 256, shuffled (fastload
 order="block", the peers' default shard-aware shuffles), a cache of 25% of the dataset, two
 epochs, in a child process of its own (a peer that hangs or fails is a row saying why). Every round
@@ -42,7 +45,6 @@ import threading
 import time
 import traceback
 import urllib.request
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -184,7 +186,6 @@ def write_formats(shape: str, root: Path, gb: float, shard_mb: int) -> dict:
             from litdata.streaming.item_loader import TokensLoader
 
             d = root / "litdata-tokens"
-            warnings.filterwarnings("ignore", "An item was larger than the target chunk size")  # a file = a chunk
             ld.optimize(fn=functools.partial(_litdata_tokens, tokens_per_file=per), inputs=list(range(files)),
                         output_dir=str(d), chunk_bytes=shard_bytes, item_loader=TokensLoader(), num_workers=1,
                         mode="overwrite", verbose=False)
@@ -325,7 +326,7 @@ def _litdata(spec: dict, seed: int):
     downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
     ds = ld.StreamingDataset(input_dir=Dir(path=spec["cache"], url=spec["url"]),
                              storage_options={"endpoint_url": spec["endpoint"]}, shuffle=True, seed=seed,
-                             max_cache_size=spec["cache_limit"],
+                             max_cache_size=spec["cache_limit"], max_pre_download=spec.get("litdata_pre", 2),
                              item_loader=TokensLoader(block_size=WINDOW) if spec["shape"] == "tokens" else None)
     dl = ld.StreamingDataLoader(ds, batch_size=spec["batch"], num_workers=spec["workers"])
     return lambda e: iter(dl)  # the StreamingDataLoader counts its epochs itself
@@ -469,7 +470,7 @@ def main(args: argparse.Namespace) -> None:
             workloads.append(w)
 
         results: dict = {}  # shape -> loader -> list of per-round dicts
-        ceilings: dict = {}  # shape -> client -> list of bytes/s
+        ceilings: dict = {}  # shape -> client -> round -> bytes/s
         for r in range(args.rounds):
             for w in workloads:
                 shape = w["shape"]
@@ -482,7 +483,7 @@ def main(args: argparse.Namespace) -> None:
                                 rate = ceiling(c, endpoint, w["keys"], args.concurrency)
                             except ImportError:
                                 continue
-                            ceilings.setdefault(shape, {}).setdefault(c, []).append(rate)
+                            ceilings.setdefault(shape, {}).setdefault(c, {})[r] = rate
                         continue
                     fmt = "fastload" if job.startswith("fastload") else job
                     why = loader_available(job) or (None if fmt in w["urls"] else "its data was not written")
@@ -494,7 +495,7 @@ def main(args: argparse.Namespace) -> None:
                                 "local": str(w["dirs"]["fastload"]), "cache": str(cache),
                                 "stored_bytes": w["stored"][fmt], "samples_per_shard": w["samples_per_shard"],
                                 "cache_limit": w["cache_limit"], "seed": r, "batch": args.batch,
-                                "workers": args.threads, "epochs": 2}
+                                "workers": args.threads, "epochs": 2, "litdata_pre": args.litdata_pre_download}
                         got = run_child(spec, args.timeout)
                         shutil.rmtree(cache, ignore_errors=True)
                     got["round"] = r
@@ -530,11 +531,11 @@ def _table(w: dict, per_loader: dict, ceil: dict, args: argparse.Namespace) -> N
           f"{args.shard_mb} MiB shards, cache_limit {w['cache_limit'] / 1e6:.0f} MB ({args.cache_share:.0%}); medians of "
           f"{args.rounds} round(s), (min–max)\n")
     for c, rates in ceil.items():
-        print(f"network ceiling, {c}: {spread([x / 1e6 for x in rates], '{:.0f}')} MB/s (parallel GETs of "
+        print(f"network ceiling, {c}: {spread([x / 1e6 for x in rates.values()], '{:.0f}')} MB/s (parallel GETs of "
               f"fastload's {len(w['keys'])} objects, {args.concurrency} in flight)")
     best = {}  # round -> the best client's ceiling that round
     for rates in ceil.values():
-        for r, x in enumerate(rates):
+        for r, x in rates.items():
             best[r] = max(best.get(r, 0.0), x)
     print("\n| loader | client | first batch s | epoch 1 samples/s | epoch 1 MB/s x ceiling | epoch 2 samples/s | "
           "fetched / used, epoch 1 | epoch 2 | disk peak / cache_limit |")
@@ -566,6 +567,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--loader", action="append", choices=LOADERS, help="repeatable; default all")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--cache-share", type=float, default=0.25, help="cache_limit as a share of the dataset")
+    # litdata's default max_pre_download (2) with 2 workers outgrows a 25% cache: its workers then
+    # wait for a chunk until its 120 s timeout (measured, with 4 and 64 MiB chunks); 1 fits.
+    ap.add_argument("--litdata-pre-download", type=int, default=1,
+                    help="litdata's max_pre_download (chunks each worker fetches ahead; its default is 2)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds one loader's two epochs may take")
 
 
