@@ -5,6 +5,11 @@ an empty cache, epoch 2 from the cache, and order="block" with a cache of 25% of
 against the same dataset directory read locally.
 
     python bench/bench_remote.py [--mb 192] [--shard-mb 8] [--rounds 3] [--threads 2]
+    python bench/bench_remote.py --peers [--gb 2] [--rounds 3]   # beside Streaming and litdata
+
+--peers runs issue 24's side-by-side instead (bench/remote_peers.py: fastload, MosaicML Streaming and
+litdata on the same server, data and cache limit; the peers install from
+bench/requirements-peers.txt).
 
 moto serves from Python, so its ceiling is far below a real store's; what matters here are the
 ratios measured in the same run. Not a timed test."""
@@ -129,7 +134,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--peers", action="store_true", help="fastload beside Streaming and litdata (remote_peers.py)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import remote_peers
+
+    remote_peers.add_arguments(ap)
     args = ap.parse_args()
+    if args.peers:
+        if not any(a.startswith("--shard-mb") for a in sys.argv):
+            args.shard_mb = 64  # the issue's shards
+        return remote_peers.main(args)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
