@@ -19,7 +19,6 @@ import argparse
 import concurrent.futures
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,24 +32,11 @@ import fastload as fl
 BUCKET = "bench-remote"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_server() -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the moto server did not start")
+    import remote_peers  # the bench folder is on sys.path (main())
+
+    return remote_peers.start_server(lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                                   "-p", str(port)])
 
 
 def _median(xs: list[float]) -> float:

@@ -213,10 +213,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(command=None) -> tuple[subprocess.Popen, str]:
+    """A local S3 server on a free port: the counting one, or the one `command(port)` starts."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE / "s3_counting_server.py"), str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = command(port) if command else [sys.executable, str(HERE / "s3_counting_server.py"), str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
