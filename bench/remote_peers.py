@@ -28,7 +28,6 @@ directory from local disk, no cache: epoch 2 of a remote source is held against 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import functools
 import importlib.metadata
 import json

@@ -42,3 +42,27 @@ def equal(a: list, b: list) -> None:
         assert x.keys() == y.keys()
         for k in x:
             assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), k
+
+
+def small_dataset(local, width: int, seed: int) -> dict:
+    """A dataset directory of 8 shards of 125 rows written at `local` (x: `width` float32s of a
+    seeded normal, y: the row's index); returns its columns."""
+    import numpy as np  # noqa: PLC0415
+
+    import fastload as fl  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    cols = {"x": rng.standard_normal((1000, width)).astype(np.float32), "y": np.arange(1000, dtype=np.int64)}
+    fl.write_dataset(local, cols, rows_per_shard=125, fsync=False)
+    return cols
+
+
+def upload_dir(s3, bucket: str, prefix: str, local) -> None:
+    """Every file under `local` put at s3://bucket/prefix/<its relative path> (a boto3 client)."""
+    import os  # noqa: PLC0415
+
+    for dirpath, _, names in os.walk(local):
+        for name in names:
+            full = os.path.join(dirpath, name)
+            with open(full, "rb") as f:
+                s3.put_object(Bucket=bucket, Key=f"{prefix}/{os.path.relpath(full, local)}", Body=f.read())

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from remote_helpers import small_dataset, upload_dir
 
 boto3 = pytest.importorskip("boto3")
 
@@ -41,24 +42,15 @@ def _bucket(endpoint) -> str:
 
 
 def _upload_dir(endpoint, bucket, prefix, local):
-    c = _client(endpoint)
-    for dirpath, _, names in os.walk(local):
-        for n in names:
-            full = os.path.join(dirpath, n)
-            key = f"{prefix}/{os.path.relpath(full, local)}"
-            with open(full, "rb") as f:
-                c.put_object(Bucket=bucket, Key=key, Body=f.read())
+    upload_dir(_client(endpoint), bucket, prefix, local)
 
 
 @pytest.fixture
 def remote_dir(s3_server, tmp_path):
     """A dataset directory of 8 shards written locally and uploaded: (url, local path, columns)."""
     endpoint = s3_server[0]
-    rng = np.random.default_rng(7)
-    n = 1000
-    cols = {"x": rng.standard_normal((n, 16)).astype(np.float32), "y": np.arange(n, dtype=np.int64)}
     local = tmp_path / "ds"
-    fl.write_dataset(local, cols, rows_per_shard=125, fsync=False)
+    cols = small_dataset(local, width=16, seed=7)
     bucket = _bucket(endpoint)
     _upload_dir(endpoint, bucket, "data/ds", local)
     return f"s3://{bucket}/data/ds", str(local), cols

@@ -10,11 +10,10 @@ import os
 import time
 import uuid
 
-import numpy as np
 import pytest
 
 import fastload as fl
-from remote_helpers import S3_CLIENTS, batches, copy as _copy, equal as _equal
+from remote_helpers import S3_CLIENTS, batches, copy as _copy, equal as _equal, small_dataset, upload_dir
 
 boto3 = pytest.importorskip("boto3")
 
@@ -47,20 +46,13 @@ def chain(tmp_path, monkeypatch, s3_server):
 def dataset(s3_server, tmp_path):
     """8 shards of 125 rows uploaded to a new bucket: (url, local path, bytes of a shard)."""
     endpoint = s3_server[0]
-    rng = np.random.default_rng(21)
-    n = 1000
-    cols = {"x": rng.standard_normal((n, 8)).astype(np.float32), "y": np.arange(n, dtype=np.int64)}
     local = tmp_path / "ds"
-    fl.write_dataset(local, cols, rows_per_shard=125, fsync=False)
+    small_dataset(local, width=8, seed=21)
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
                       aws_secret_access_key="setup")
     bucket = f"c-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=bucket)
-    for dirpath, _, names in os.walk(local):
-        for name in names:
-            full = os.path.join(dirpath, name)
-            with open(full, "rb") as f:
-                s3.put_object(Bucket=bucket, Key=f"ds/{os.path.relpath(full, local)}", Body=f.read())
+    upload_dir(s3, bucket, "ds", local)
     shard = os.path.getsize(local / "x" / "000000.npy") + os.path.getsize(local / "y" / "000000.npy")
     return f"s3://{bucket}/ds", str(local), shard
 
