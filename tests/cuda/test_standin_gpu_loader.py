@@ -1119,3 +1119,69 @@ def test_a_cuda_11_4_driver_has_every_entry_point_fastload_needs(fake):
     """, {"FASTLOAD_LIBCUDA": str(fake.path)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "10 batches" in r.stdout
+
+
+@pytest.mark.parametrize("kind", ["arrow", "parquet"])
+def test_arrow_and_parquet_batches_on_the_device_are_the_cpu_batches(driver, tmp_path, kind):
+    # Arrow buffers gathered natively into page-locked slots, then copied like any part: each
+    # device part (numbers, a fixed-size list, a padded list with its lengths) equals the CPU
+    # loader's batch, and a string column stays a Python list on the host.
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(5)
+    n = 900
+    lens = rng.integers(0, 7, n)
+    table = pa.table({
+        "id": pa.array(np.arange(n), pa.int64()),
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(3 * n).astype(np.float32)), 3),
+        "tokens": pa.array([list(range(k)) for k in lens], pa.list_(pa.int32())),
+        "text": pa.array([f"row {i}" for i in range(n)]),
+    })
+    if kind == "arrow":
+        make = lambda: fl.Arrow(table, max_length={"tokens": 6})  # noqa: E731
+    else:
+        pq.write_table(table, tmp_path / "t.parquet", row_group_size=100)
+        make = lambda: fl.Parquet(tmp_path / "t.parquet", max_length={"tokens": 6})  # noqa: E731
+    kw = dict(shuffle=True, seed=8, with_index=True)
+    cpu = list(fl.Loader(make(), 64, device="cpu", **kw))
+    gpu = gpu_loader(make(), 64, copy_streams=2, **kw)
+    seen = 0
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_array_equal(read(b["index"], np.int64), a["index"].numpy())
+        np.testing.assert_array_equal(read(b["id"], np.int64), a["id"].numpy())
+        np.testing.assert_array_equal(read(b["vec"], np.float32), a["vec"].numpy())
+        np.testing.assert_array_equal(read(b["tokens"], np.int32), a["tokens"].numpy())
+        np.testing.assert_array_equal(read(b["tokens_lengths"], np.int64), a["tokens_lengths"].numpy())
+        assert b["text"] == a["text"] == [f"row {i}" for i in a["index"].tolist()]
+        assert b["id"].device == 0
+        seen += len(a["index"])
+    assert seen == n
+
+
+def test_a_dataset_in_object_storage_on_the_device_is_the_local_one(driver, s3_server, tmp_path):
+    # Shards fetched into the cache and mapped on demand feed the same page-locked slots: the
+    # device parts equal the CPU batches of the same directory read locally.
+    import uuid
+
+    import boto3
+    from remote_helpers import batches, opts, small_dataset, upload_dir
+
+    local = tmp_path / "ds"
+    small_dataset(local, width=8, seed=3)
+    bucket = f"g-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", endpoint_url=s3_server[0], region_name="us-east-1")
+    s3.create_bucket(Bucket=bucket)
+    upload_dir(s3, bucket, "ds", local)
+    remote = fl.Dataset.open(f"s3://{bucket}/ds", storage_options=opts(s3_server[0]), cache_dir=tmp_path / "cache",
+                             cache_limit=1 << 20)
+    kw = dict(shuffle=True, seed=2, order="block", with_index=True)
+    cpu = batches(fl.Loader(fl.Dataset.open(local), 50, device="cpu", **kw))
+    gpu = gpu_loader(remote, 50, copy_streams=2, **kw)
+    seen = 0
+    for a, b in zip(cpu, gpu):
+        np.testing.assert_array_equal(read(b["index"], np.int64), a["index"].numpy())
+        np.testing.assert_array_equal(read(b["x"], np.float32), a["x"].numpy())
+        np.testing.assert_array_equal(read(b["y"], np.int64), a["y"].numpy())
+        seen += len(a["index"])
+    gpu.close()
+    assert seen == 1000 and remote.storage_stats().bytes_fetched > 0
