@@ -41,6 +41,18 @@ def _fail_without_cuda():
     pytest.fail("FASTLOAD_REQUIRE_CUDA=1 but no usable CUDA GPU", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_logging_locks():
+    """A test that raises KeyboardInterrupt at random moments (a signal handler) can leave
+    logging's locks held by the main thread (tests/ctrl_c.py says how); then every other thread
+    that logs, the in-process servers of the object-storage tests included, waits forever.
+    Released after each test, so one test's Ctrl-C cannot hang a later one."""
+    yield
+    from ctrl_c import release_leaked_logging_locks
+
+    release_leaked_logging_locks()
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

@@ -35,6 +35,23 @@ class Interrupts:
         signal.signal(signal.SIGALRM, self.old)
         if self.gc_was_enabled:
             gc.enable()
+        release_leaked_logging_locks()
+
+
+def release_leaked_logging_locks() -> None:
+    """Before Python 3.13, logging takes its module lock (and a handler's) with one call and enters
+    the try whose finally releases it only after that call returns: a KeyboardInterrupt raised in
+    between leaves the lock held by this thread. This thread does not notice (the locks are
+    reentrant), but every other thread that logs then waits forever (the in-process test servers
+    did). Measured: after the interrupt tests the main thread held logging's module lock. Release
+    what the interrupts leaked; nothing else holds these locks while the test body runs."""
+    import logging
+
+    locks = [getattr(logging, "_lock", None)]
+    locks += [h.lock for h in (ref() for ref in list(logging._handlerList)) if h is not None]
+    for lock in locks:
+        while lock is not None and lock._is_owned():
+            lock.release()
 
 
 def step_loop(it, irq: Interrupts, steps: int) -> list:
