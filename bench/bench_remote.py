@@ -39,6 +39,16 @@ def _start_server() -> tuple[subprocess.Popen, str]:
                                                    "-p", str(port)])
 
 
+def _remove(path: str) -> None:
+    """The cache folder of a dropped source: a download it had in flight may still finish (or
+    drop its temporary file) while the folder is removed, so remove until it stays gone."""
+    for _ in range(100):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+        time.sleep(0.05)
+
+
 def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -188,12 +198,12 @@ def main() -> None:
                 results.setdefault(f"{client} epoch 1", []).append(epoch(loader, 0))
                 results.setdefault(f"{client} epoch 2", []).append(epoch(loader, 1))
                 del loader, ds
-                shutil.rmtree(cache)
+                _remove(cache)
                 small = fl.Dataset.open(url, storage_options=opts, cache_dir=cache, cache_limit=total // 4)
                 results.setdefault(f"{client} block 25%", []).append(epoch(fl.Loader(small, order="block", **kw), 0))
                 fetched_ratio.setdefault(client, []).append(small.storage_stats().bytes_fetched / total)
                 del small
-                shutil.rmtree(cache)
+                _remove(cache)
         print(f"  {'run':22s} {'first batch s':>13s} {'samples/s':>10s} {'MB/s':>8s} {'x ceiling':>9s}")
         for name, runs in results.items():
             first = _median([f for f, _, _ in runs])
