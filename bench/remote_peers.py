@@ -375,9 +375,9 @@ def child(spec: dict) -> dict:
 def ceiling(client: str, endpoint: str, keys: list[str], concurrency: int) -> float:
     """Object bytes/s of parallel GETs of keys with one client (bench_remote.py's ceilings)."""
     sys.path.insert(0, str(HERE))
-    import bench_remote
+    import s3_ceiling
 
-    return {"obstore": bench_remote.ceiling_obstore, "boto3": bench_remote.ceiling_boto3}[client](
+    return {"obstore": s3_ceiling.ceiling_obstore, "boto3": s3_ceiling.ceiling_boto3}[client](
         endpoint, keys, concurrency)
 
 

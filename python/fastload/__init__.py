@@ -12,6 +12,7 @@ from ._state import STATE_VERSION
 from ._stats import LoaderStats, SourceStats, StageStats
 from ._sources.arrow import Arrow
 from ._sources.parquet import Parquet
+from ._sources import remote_parquet as _remote_parquet  # noqa: F401 - fl.Parquet(url) support registers itself
 from ._streams import record_stream
 from .tools.tune import TunePoint, TuneResult, tune
 from ._version import __version__

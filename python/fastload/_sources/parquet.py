@@ -60,6 +60,16 @@ def parquet_files(path: Any) -> list[str]:
     return found
 
 
+# The class fl.Parquet builds for URLs: remote_parquet.py registers its subclass when it is
+# imported (fastload's __init__ imports it), so this module never imports it back.
+_url_class: type | None = None
+
+
+def register_url_class(cls: type) -> None:
+    global _url_class
+    _url_class = cls
+
+
 def _remote(path: Any) -> bool:
     from .._storage.urls import is_url  # noqa: PLC0415
 
@@ -102,9 +112,9 @@ class Parquet:
         # URLs (s3://, gs://, http(s)://): the files are fetched into a local cache as the plan
         # needs them (remote_parquet.py); the class below only sees _locate/_state/_footer/_file.
         if cls is Parquet and _remote(path):
-            from .remote_parquet import RemoteParquet  # noqa: PLC0415
-
-            cls = RemoteParquet
+            if _url_class is None:
+                raise ImportError("fl.Parquet over URLs needs fastload._sources.remote_parquet (imported by fastload)")
+            cls = _url_class
         return super().__new__(cls)
 
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,

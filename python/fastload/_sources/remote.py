@@ -19,7 +19,8 @@ from .columns import describe_array
 from .mapping import LazyTable
 from .windows import TokenFiles
 from .._storage.cache import Entry, ObjectCache, cache_key, default_cache_root, default_limit, parse_size
-from .._storage.client import BodyCheck, Client, make_client, redacted_options
+from .._storage.client import BodyCheck, Client, redacted_options
+from .._storage.clients import make_client
 from .._storage.fetcher import Fetcher, StorageStats
 from .._storage.urls import Url, is_url, parse_url
 

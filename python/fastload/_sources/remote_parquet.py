@@ -16,10 +16,11 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .parquet import Parquet, _hidden, _import_pyarrow
+from .parquet import Parquet, _hidden, _import_pyarrow, register_url_class
 from .remote import _folder, _limit, _remote_urls
 from .._storage.cache import Entry, ObjectCache, cache_key
-from .._storage.client import BodyCheck, Client, make_client, redacted_options
+from .._storage.client import BodyCheck, Client, redacted_options
+from .._storage.clients import make_client
 from .._storage.fetcher import Fetcher, StorageStats
 from .._storage.urls import Url, parse_url
 
@@ -260,3 +261,6 @@ def _reopen(urls: list[str], columns: Any, kwargs: dict, options: dict, cache_di
     if source._remote_states != [tuple(s) for s in states]:
         raise ValueError(f"the Parquet files at {urls[0]} ... changed since this source was pickled: open them again")
     return source
+
+
+register_url_class(RemoteParquet)  # fl.Parquet(url) builds a RemoteParquet
