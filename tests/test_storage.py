@@ -14,20 +14,12 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from remote_helpers import small_dataset, upload_dir
+from remote_helpers import S3_CLIENTS, has, small_dataset, upload_dir
 
 boto3 = pytest.importorskip("boto3")
 
 
-def _has(module: str) -> bool:
-    try:
-        __import__(module)
-    except ImportError:
-        return False
-    return True
-
-
-CLIENTS = ["boto3"] + (["obstore"] if _has("obstore") else [])  # every S3 client installed
+CLIENTS = S3_CLIENTS  # every S3 client installed
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -128,7 +120,7 @@ def test_local_path_refuses_storage_arguments(tmp_path):
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("order", ["random", "block"])
 def test_remote_dataset_batches_equal_local(remote_dir, s3_server, tmp_path, threads, order, client):
-    if not _has(client):
+    if not has(client):
         pytest.skip(f"{client} is not installed")
     url, local, _ = remote_dir
     remote = fl.Dataset.open(url, storage_options=_opts(s3_server[0], client=client), cache_dir=tmp_path / "cache")
