@@ -248,15 +248,53 @@ void copy_padded_rows(const ArrayColumn& col, const std::byte* const* src, const
 // lock of the cache for the block, not one per row), copied from, and unpinned: a thread pins at
 // most one block of one column at a time (kBlock files, twice that for a ragged column).
 
-// Pins the files want[0, n) name (one per row, repeats allowed): ids and data are scratch of n
-// entries; at[i] becomes where want[i]'s data start.
-void pin_block(PinnedFiles& pins, const int32_t* want, int64_t n, int32_t* ids, const std::byte** data,
-               const std::byte** at) {
-  std::copy(want, want + n, ids);
-  std::sort(ids, ids + n);
-  const int distinct = static_cast<int>(std::unique(ids, ids + n) - ids);
+// The distinct files of a block in first-seen order, and per row the index of its file among
+// them: an open-addressed table of twice the block's rows (a power of two), cleared entry by
+// entry after use. A sort, unique and binary search per row did the same in O(n log n) and were
+// a fifth of the CPU of a cached remote dataset's epoch (256-row blocks over ~100 files).
+class DistinctFiles {
+ public:
+  static constexpr int kMaxRows = 2 * kBlock;  // a ragged block asks for 2 files per row
+
+  DistinctFiles() { std::fill(std::begin(key_), std::end(key_), -1); }
+
+  // ids[0, return) = the distinct files of want[0, n); index[i] = where want[i] is in ids.
+  int collect(const int32_t* want, int64_t n, int32_t* ids, int16_t* index) {
+    int distinct = 0;
+    int used = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t f = want[i];
+      uint32_t h = (static_cast<uint32_t>(f) * 2654435761u) >> (32 - kBits);
+      while (key_[h] != -1 && key_[h] != f) h = (h + 1) & (kSlots - 1);
+      if (key_[h] == -1) {
+        key_[h] = f;
+        slot_[h] = static_cast<int16_t>(distinct);
+        ids[distinct++] = f;
+        used_[used++] = static_cast<uint16_t>(h);
+      }
+      index[i] = slot_[h];
+    }
+    for (int k = 0; k < used; ++k) key_[used_[k]] = -1;
+    return distinct;
+  }
+
+ private:
+  static constexpr int kBits = 10;
+  static constexpr int kSlots = 1 << kBits;  // at least twice kMaxRows: probes stay short
+  static_assert(kSlots >= 2 * kMaxRows, "the table must stay at most half full");
+  int32_t key_[kSlots];
+  int16_t slot_[kSlots];
+  uint16_t used_[kMaxRows];
+};
+
+// Pins the files want[0, n) name (one per row, repeats allowed; n <= DistinctFiles::kMaxRows):
+// ids and data are scratch of n entries; at[i] becomes where want[i]'s data start.
+void pin_block(PinnedFiles& pins, DistinctFiles& table, const int32_t* want, int64_t n, int32_t* ids,
+               const std::byte** data, const std::byte** at) {
+  int16_t index[DistinctFiles::kMaxRows];
+  const int distinct = table.collect(want, n, ids, index);
   pins.pin(ids, distinct, data);
-  for (int64_t i = 0; i < n; ++i) at[i] = data[std::lower_bound(ids, ids + distinct, want[i]) - ids];
+  for (int64_t i = 0; i < n; ++i) at[i] = data[index[i]];
 }
 
 // A lazy ragged shard's offsets, checked the first time its file is mapped (from then on its
@@ -291,6 +329,7 @@ void check_lazy_offsets(const ArrayColumn& col, const Shard& sh, const int64_t* 
 namespace {
 void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst, bool streaming) {
   PinnedFiles pins(*col.lazy);
+  DistinctFiles table;
   const std::byte* rows[kBlock];
   const std::byte* data[kBlock];
   int32_t want[kBlock], distinct[kBlock];
@@ -303,7 +342,7 @@ void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count,
       want[i] = col.lazy_file[s];
       within[i] = (id - col.starts[s]) * col.shards[s].pitch;
     }
-    pin_block(pins, want, n, distinct, data, rows);
+    pin_block(pins, table, want, n, distinct, data, rows);
     for (int64_t i = 0; i < n; ++i) rows[i] += within[i];
     gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes, streaming);
     pins.release();
@@ -315,6 +354,7 @@ void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t coun
   const int64_t item = col.item_bytes, slot = col.row_bytes, cap = col.max_items();
   LazyFiles& files = *col.lazy;
   PinnedFiles pins(files);
+  DistinctFiles table;
   size_t shard[kRaggedBlock];
   int64_t row[kRaggedBlock], items[kRaggedBlock];
   const std::byte* src[kRaggedBlock];
@@ -332,7 +372,7 @@ void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t coun
       want[i] = col.lazy_file[s];
       want[n + i] = col.lazy_offsets_file[s];
     }
-    pin_block(pins, want, 2 * n, distinct, data, at);
+    pin_block(pins, table, want, 2 * n, distinct, data, at);
     const std::byte* const* values = at;
     for (int64_t i = 0; i < n; ++i) offsets[i] = reinterpret_cast<const int64_t*>(at[n + i]);
     for (int64_t i = 0; i < n; ++i) {

@@ -283,6 +283,31 @@ TEST_CASE(lazy_gather_matches_the_rows_in_memory_fixed_and_ragged) {
   CHECK(cache->stats().pinned == 0);
 }
 
+TEST_CASE(lazy_gather_blocks_of_all_distinct_and_all_repeated_files) {
+  // A block's distinct files are collected in a table of twice the block's rows: a block whose
+  // 256 rows are 256 different files (the fullest the table gets for a fixed column), one of one
+  // file repeated, and a mix, against the bytes written. Every file is pinned at most once per
+  // block: with a budget of 1 nothing is over budget once the block is released.
+  TempDir dir;
+  constexpr int kFiles = 600;
+  auto cache = std::make_shared<MappingCache>(1);
+  auto lazy = std::make_shared<LazyFiles>(cache, make_files(dir, kFiles, 1));
+  const ArrayColumn col = lazy_column(lazy, kFiles, 1);
+  std::vector<int64_t> sample(600);
+  for (size_t i = 0; i < sample.size(); ++i) sample[i] = static_cast<int64_t>((i * 7919) % kFiles);  // all distinct
+  std::vector<int64_t> repeated(300, 17);
+  std::mt19937_64 rng(5);
+  std::vector<int64_t> mixed(1000);
+  for (auto& s : mixed) s = static_cast<int64_t>(rng() % 3 == 0 ? rng() % kFiles : rng() % 4);
+  for (const auto* ids : {&sample, &repeated, &mixed}) {
+    std::vector<uint8_t> out(ids->size() * 8);
+    gather_rows(col, ids->data(), static_cast<int64_t>(ids->size()), reinterpret_cast<std::byte*>(out.data()));
+    CHECK(wrong_bytes(*ids, out, 1) == 0);
+    CHECK(cache->stats().pinned == 0 && cache->stats().live <= 1);
+    CHECK(cache->stats().peak_pinned <= 256);  // one block of one column at a time
+  }
+}
+
 TEST_CASE(lazy_gather_from_threads_sharing_one_cache) {
   // Collation threads gather shuffled blocks of one column while the cache evicts under them.
   TempDir dir;
