@@ -215,19 +215,24 @@ class RemoteParquet(Parquet):
     def _footer(self, k: int) -> Any:
         return self._footers[k]
 
-    def _file(self, k: int) -> Any:
-        """File k made present in the cache (fetched now if the prefetcher has not), opened by a
-        memory map: once mapped, an eviction (an unlink) leaves the bytes readable."""
-        pq = _import_pyarrow()
+    def _fragment(self, k: int) -> Any:
+        """File k made present in the cache (fetched now if the prefetcher has not) and mapped,
+        as a pyarrow fragment over the mapping: once mapped, an eviction (an unlink) leaves the
+        bytes readable. Made per decode (its footer is parsed again, well under a millisecond):
+        a kept one would keep an evicted file's disk space."""
+        import pyarrow as pa  # noqa: PLC0415
+        import pyarrow.dataset as pads  # noqa: PLC0415
+
         for _ in range(3):  # a file another process evicted between the two steps is fetched again
             self._pins.pin(k, 1)
             try:
                 self._fetcher.provide(k)
-                return pq.ParquetFile(self._cache.path(self._fetcher.entries[k].rel), memory_map=True)
+                mapped = pa.memory_map(self._cache.path(self._fetcher.entries[k].rel)).read_buffer()
             except FileNotFoundError:
                 continue
             finally:
                 self._pins.pin(k, -1)
+            return pads.ParquetFileFormat().make_fragment(mapped)
         raise FileNotFoundError(f"{self._urls[k]}: its cached copy kept disappearing (another process evicts it)")
 
     # ---------------------------------------------------------------- object storage
