@@ -216,7 +216,11 @@ def start_server(command=None) -> tuple[subprocess.Popen, str]:
     """A local S3 server on a free port: the counting one, or the one `command(port)` starts."""
     port = free_port()
     argv = command(port) if command else [sys.executable, str(HERE / "s3_counting_server.py"), str(port)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # moto keeps an object of over 8 MB in a temporary file unless told otherwise: at 2 GB a format
+    # that fills a small disk (and reads slower than the memory a real store's cache would serve).
+    env = dict(os.environ)
+    env.setdefault("MOTO_S3_DEFAULT_KEY_BUFFER_SIZE", str(256 << 20))
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()

@@ -141,7 +141,7 @@ class Parquet:
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
                  cache_bytes: int | None = None, decode_threads: int | None = None):
-        pq = _import_pyarrow()
+        _import_pyarrow()  # a clear ImportError without pyarrow, before anything is read
         # What a pickle reopens (RemoteParquet keeps its own: its URLs and options without secrets).
         self._open_args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length,
                            "fill_null": fill_null, "with_valid": with_valid, "cache_bytes": cache_bytes,
