@@ -230,6 +230,43 @@ def test_decode_threads_read_the_order_ahead(tmp_path):
         fl.Parquet(path, ["id"], decode_threads=-1)
 
 
+def test_decode_threads_read_ahead_inside_a_mix(tmp_path):
+    """Inside an fl.Mix a Parquet source reads its view of the mixture's plan (its own rows of
+    each batch) ahead: its decode threads decode row groups before the batches need them, and the
+    batches are the same with or without them, by epochs and by steps, on 1 or 3 threads."""
+    path, table = write_dir(tmp_path, parts=2, rows=1500, row_group_size=50)
+    runs = {}
+    for ahead in (0, 2):
+        for threads in (1, 3):
+            for by in ("epochs", "steps"):
+                src = fl.Parquet(path, ["id", "tokens"], max_length={"tokens": 6}, decode_threads=ahead)
+                mix = fl.Mix({"pq": src, "arr": fl.Dataset({"id": np.arange(-400, 0),
+                                                             "tokens": np.zeros((400, 6), np.int32),
+                                                             "tokens_lengths": np.zeros(400, np.int64)})},
+                             with_source=True)
+                kw = dict(steps=60) if by == "steps" else {}
+                got = []
+                for b in fl.Loader(mix, batch_size=40, shuffle=True, seed=5, num_threads=threads, device="cpu", **kw):
+                    ids, which = b["id"].numpy(), b["source"].numpy()
+                    mine = ids[which == 0]
+                    assert np.all(mine >= 0) and np.all(ids[which == 1] < 0)
+                    want = table.take(pa.array(mine))["tokens"].to_pylist()
+                    for row, length, tokens in zip(b["tokens"][which == 0].tolist(),
+                                                   b["tokens_lengths"][which == 0].tolist(), want):
+                        assert length == min(len(tokens), 6) and row[:length] == tokens[:6]
+                    got.append((ids.tolist(), which.tolist()))
+                runs[(ahead, threads, by)] = got
+                decodes, _, ahead_decodes = src.decode_stats()
+                if ahead:
+                    assert ahead_decodes > 0, (threads, by)  # how many depends on the threads' timing
+                else:
+                    assert ahead_decodes == 0
+                src.close()
+    for by in ("epochs", "steps"):
+        first = runs[(0, 1, by)]
+        assert all(r == first for k, r in runs.items() if k[2] == by), by
+
+
 def test_decode_threads_stop_with_the_source(tmp_path):
     import gc
     import threading

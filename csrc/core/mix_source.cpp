@@ -2,6 +2,7 @@
 #include "core/mix_source.h"
 
 #include "core/array_source.h"
+#include "core/batch_plan.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -18,6 +19,45 @@ std::string describe(const PartSchema& p) {
 
 // Part pointers of one child fill live on the stack up to this many parts.
 constexpr size_t kInlineParts = 32;
+
+// One child's view of a mixture's plan: each batch's rows that come from the child, as the
+// child's own ids (a mixture's id is offset + the child's id), in the batch's order. Only what a
+// child reading the plan ahead asks of it (RowGroupSource::read_ahead: fill, num_batches,
+// max_batch_rows, epoch) is more than the parent's; the batch's rows are recomputed per call.
+class ChildPlan final : public BatchPlan {
+ public:
+  ChildPlan(const BatchPlan* parent, int64_t first, int64_t end) : parent_(parent), first_(first), end_(end) {}
+  int64_t num_batches() const override { return parent_->num_batches(); }
+  int64_t max_batch_rows() const override { return parent_->max_batch_rows(); }
+  int64_t epoch() const override { return parent_->epoch(); }
+  uint64_t seed() const override { return parent_->seed(); }
+  int64_t sample_epoch(int64_t batch) const override { return parent_->sample_epoch(batch); }
+  int64_t position_after(int64_t batches_done) const override { return parent_->position_after(batches_done); }
+  int64_t rows(int64_t batch) const override {
+    thread_local std::vector<int64_t> ids;
+    ids.resize(static_cast<size_t>(max_batch_rows()));
+    BatchRows out;
+    out.ids = ids.data();
+    return fill(batch, out);
+  }
+  int64_t fill(int64_t batch, const BatchRows& out) const override {
+    thread_local std::vector<int64_t> all;
+    all.resize(static_cast<size_t>(parent_->max_batch_rows()));
+    BatchRows mine;
+    mine.ids = all.data();
+    const int64_t n = parent_->fill(batch, mine);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = all[static_cast<size_t>(i)];
+      if (id >= first_ && id < end_) out.ids[k++] = id - first_;
+    }
+    return k;
+  }
+
+ private:
+  const BatchPlan* parent_;
+  const int64_t first_, end_;
+};
 }  // namespace
 
 MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : children_(std::move(children)) {
@@ -75,7 +115,9 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
     part_ptrs[p] = r.parts[p] + static_cast<size_t>(first) * schema_[p].row_bytes;
   std::shared_ptr<void> extras;
   FillRequest sub = r;
-  sub.plan = nullptr;  // the child's ids are its own, not the plan's
+  // The child's ids are its own: a child that reads the plan ahead reads its view of it.
+  const std::shared_ptr<const BatchPlan> view = r.plan ? child_plan(r.plan, child) : nullptr;
+  sub.plan = view.get();
   sub.ids = local_ids;
   sub.count = count;
   sub.parts = part_ptrs;
@@ -88,6 +130,19 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
     if (!extras) throw std::logic_error("mixture source " + std::to_string(child) + " attached no string lists");
     append_arrow_string_lists(*lists, *static_cast<const ArrowStringLists*>(extras.get()));
   }
+}
+
+std::shared_ptr<const BatchPlan> MixSource::child_plan(const BatchPlan* plan, int child) {
+  // Plans change with each run; a view of an older one stays alive while a fill holds it.
+  constexpr size_t kKept = 8;
+  std::lock_guard<std::mutex> lock(child_plans_mu_);
+  for (const auto& kept : child_plans_)
+    if (kept.first.first == plan && kept.first.second == child) return kept.second;
+  if (child_plans_.size() >= kKept * children_.size()) child_plans_.erase(child_plans_.begin());
+  auto view = std::make_shared<ChildPlan>(plan, offsets_[static_cast<size_t>(child)],
+                                          offsets_[static_cast<size_t>(child) + 1]);
+  child_plans_.emplace_back(std::make_pair(plan, child), view);
+  return view;
 }
 
 void MixSource::bad_split(const FillRequest& r) const {

@@ -5,8 +5,12 @@
 // local_ids); other ids are split and translated here. When every child is
 // an array of strided fixed-size columns, a batch split by the plan is gathered part by part in
 // one pass over its rows (each row's address from its source's column), not one fill per run.
+// A child that reads the plan ahead (a Parquet source decoding the row groups of the batches to
+// come) is handed a view of the plan that gives its own rows of each batch, as its own ids.
 #pragma once
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/arrow_source.h"
@@ -40,12 +44,17 @@ class MixSource final : public BatchSource {
   // The plan's split (source_rows, local_ids) over strided children: one gather per part.
   void fill_strided(const FillRequest& r);
   [[noreturn]] void bad_split(const FillRequest& r) const;  // names what is wrong with source_rows
+  // Child j's view of `plan` (see ChildPlan in mix_source.cpp), made once per plan and child. The
+  // caller holds the returned pointer while its child fills; the last few views are kept.
+  std::shared_ptr<const BatchPlan> child_plan(const BatchPlan* plan, int child);
 
   std::vector<std::shared_ptr<BatchSource>> children_;
   std::vector<PartSchema> schema_;
   std::vector<int64_t> offsets_;
   std::vector<StridedPart> strided_;  // one per part; empty unless every child is strided arrays
   bool string_lists_ = false;
+  std::mutex child_plans_mu_;
+  std::vector<std::pair<std::pair<const BatchPlan*, int>, std::shared_ptr<const BatchPlan>>> child_plans_;
 };
 
 }  // namespace fastload

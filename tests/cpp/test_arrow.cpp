@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/arrow_source.h"
+#include "core/mix_source.h"
 #include "core/row_group_source.h"
 #include "core/sampler.h"
 #include "harness.h"
@@ -307,6 +308,52 @@ TEST_CASE(row_group_decode_threads_read_the_plan_ahead) {
     const EpochPlan plan(cfg, 5, 0);
     fill_and_check(*src, ids, 3, 0, &plan, 0);
     src.reset();
+  }
+  for (int i = 0; i < 500 && g_live.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(g_live.load() == 0);
+}
+
+TEST_CASE(row_group_decode_threads_read_ahead_inside_a_mixture) {
+  // Two row-group sources in one MixSource, filled from 3 threads through the mixture's plan: each
+  // reads its own view of the plan (its rows as its own ids) ahead, so both decode ahead, and
+  // every batch holds the rows it names.
+  {
+    constexpr int64_t kGroups = 20, kRows = 40;
+    std::atomic<int64_t> first_calls{0}, second_calls{0};
+    auto first = std::make_shared<RowGroupSource>(batch_table(0, 1), requests(3), std::vector<int64_t>(kGroups, kRows),
+                                                  std::vector<std::string>(kGroups, "group"),
+                                                  counting_decode(first_calls, kRows, 2), 8000, 4, 2);
+    // The second source's rows hold the mixture's ids: its group g is the rows of group kGroups + g.
+    RowGroupSource::Decode shifted = [&second_calls](int64_t g, int64_t* bytes) {
+      ++second_calls;
+      *bytes = 1000;
+      return batch_table((kGroups + g) * kRows, kRows, g % 2);
+    };
+    auto second = std::make_shared<RowGroupSource>(batch_table(0, 1), requests(3), std::vector<int64_t>(kGroups, kRows),
+                                                   std::vector<std::string>(kGroups, "group"), shifted, 8000, 4, 2);
+    MixSource mix({first, second});
+    SamplerConfig cfg;
+    cfg.num_samples = 2 * kGroups * kRows, cfg.batch_size = 16, cfg.shuffle = true, cfg.order = Order::Block;
+    cfg.shard_rows = std::vector<int64_t>(2 * kGroups, kRows), cfg.seed = 3;
+    cfg.block_size = 4 * kRows;
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      const EpochPlan plan(cfg, epoch, 0);
+      std::atomic<int64_t> next{0};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 3; ++t)
+        threads.emplace_back([&, t] {
+          for (int64_t step; (step = next++) < plan.num_batches();) {
+            std::vector<int64_t> ids(static_cast<size_t>(plan.rows(step)));
+            BatchRows rows;
+            rows.ids = ids.data();
+            plan.fill(step, rows);
+            fill_and_check(mix, ids, 3, t, &plan, step);
+          }
+        });
+      for (auto& th : threads) th.join();
+    }
+    CHECK(first->decoded_ahead() > 0 && second->decoded_ahead() > 0);
+    CHECK(first->decodes() == first_calls.load() && second->decodes() == second_calls.load());
   }
   for (int i = 0; i < 500 && g_live.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(g_live.load() == 0);
