@@ -168,6 +168,24 @@ void fill_and_check(BatchSource& src, const std::vector<int64_t>& ids, int64_t m
   }
 }
 
+// Every batch of `plan`, filled and checked by `threads` threads taking the steps in turn, each
+// naming the plan and its step (so that a source reading the plan ahead does).
+void fill_epoch_from_threads(BatchSource& src, const EpochPlan& plan, int threads) {
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> running;
+  for (int t = 0; t < threads; ++t)
+    running.emplace_back([&, t] {
+      for (int64_t step; (step = next++) < plan.num_batches();) {
+        std::vector<int64_t> ids(static_cast<size_t>(plan.rows(step)));
+        BatchRows rows;
+        rows.ids = ids.data();
+        plan.fill(step, rows);
+        fill_and_check(src, ids, 3, t, &plan, step);
+      }
+    });
+  for (auto& th : running) th.join();
+}
+
 // Group g decoded: rows [g * rows, (g + 1) * rows), sliced by g % slices; each holds "1000
 // bytes"; `calls` counts the decodes.
 RowGroupSource::Decode counting_decode(std::atomic<int64_t>& calls, int64_t rows, int64_t slices) {
@@ -284,22 +302,7 @@ TEST_CASE(row_group_decode_threads_read_the_plan_ahead) {
     cfg.num_samples = kGroups * kRows, cfg.batch_size = 16, cfg.shuffle = true, cfg.order = Order::Block;
     cfg.shard_rows = std::vector<int64_t>(kGroups, kRows), cfg.seed = 7;
     cfg.block_size = 4 * kRows;  // windows of 4 groups (min_groups)
-    for (int64_t epoch = 0; epoch < 2; ++epoch) {
-      const EpochPlan plan(cfg, epoch, 0);
-      std::atomic<int64_t> next{0};
-      std::vector<std::thread> threads;
-      for (int t = 0; t < 3; ++t)
-        threads.emplace_back([&, t] {
-          for (int64_t step; (step = next++) < plan.num_batches();) {
-            std::vector<int64_t> ids(static_cast<size_t>(plan.rows(step)));
-            BatchRows rows;
-            rows.ids = ids.data();
-            plan.fill(step, rows);
-            fill_and_check(*src, ids, 3, t, &plan, step);
-          }
-        });
-      for (auto& th : threads) th.join();
-    }
+    for (int64_t epoch = 0; epoch < 2; ++epoch) fill_epoch_from_threads(*src, EpochPlan(cfg, epoch, 0), 3);
     CHECK(src->decodes() == decoding.load());
     CHECK(src->decoded_ahead() <= src->decodes());
     CHECK(src->decodes() <= 2 * (kGroups + 10));  // block order: about once per group and epoch
@@ -336,22 +339,7 @@ TEST_CASE(row_group_decode_threads_read_ahead_inside_a_mixture) {
     cfg.num_samples = 2 * kGroups * kRows, cfg.batch_size = 16, cfg.shuffle = true, cfg.order = Order::Block;
     cfg.shard_rows = std::vector<int64_t>(2 * kGroups, kRows), cfg.seed = 3;
     cfg.block_size = 4 * kRows;
-    for (int64_t epoch = 0; epoch < 2; ++epoch) {
-      const EpochPlan plan(cfg, epoch, 0);
-      std::atomic<int64_t> next{0};
-      std::vector<std::thread> threads;
-      for (int t = 0; t < 3; ++t)
-        threads.emplace_back([&, t] {
-          for (int64_t step; (step = next++) < plan.num_batches();) {
-            std::vector<int64_t> ids(static_cast<size_t>(plan.rows(step)));
-            BatchRows rows;
-            rows.ids = ids.data();
-            plan.fill(step, rows);
-            fill_and_check(mix, ids, 3, t, &plan, step);
-          }
-        });
-      for (auto& th : threads) th.join();
-    }
+    for (int64_t epoch = 0; epoch < 2; ++epoch) fill_epoch_from_threads(mix, EpochPlan(cfg, epoch, 0), 3);
     CHECK(first->decoded_ahead() > 0 && second->decoded_ahead() > 0);
     CHECK(first->decodes() == first_calls.load() && second->decodes() == second_calls.load());
   }
