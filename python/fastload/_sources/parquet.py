@@ -177,7 +177,6 @@ class Parquet:
                 self._groups.append((k, g))
                 rows.append(meta.row_group(g).num_rows)
         self._schema = schema
-        self._metas = metas  # decoding opens a file with its footer already read
         self._schema_table = _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__())
         self._selected, self._requests, self._names = plan_columns(
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
