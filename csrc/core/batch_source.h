@@ -46,8 +46,8 @@ struct FillRequest {
   const int64_t* source_rows = nullptr;
   int num_sources = 0;
   // The plan the ids come from (the batch is its step `step`), for a source that reads ahead
-  // (the row groups of the batches to come); null where the ids are not the plan's own (a
-  // mixture's child sources).
+  // (the row groups of the batches to come). A mixture hands such a child a view of its plan
+  // whose ids are the child's own (mix_source.cpp); null for children that do not read it.
   const BatchPlan* plan = nullptr;
 };
 
@@ -58,6 +58,9 @@ class BatchSource {
   virtual int64_t size() const = 0;  // samples; ids are in [0, size())
   // A mixture of sources reads FillRequest::local_ids and source_rows when the plan provides them.
   virtual bool wants_sources() const { return false; }
+  // Whether it reads FillRequest::plan ahead of the batch it fills (a row-group source with
+  // decode threads): a mixture makes a view of its plan only for children that do.
+  virtual bool reads_plan_ahead() const { return false; }
   // Whether its batches carry string columns as lists (FillRequest::extras holds an
   // ArrowStringLists, arrow_source.h): the bindings turn them into Python lists.
   virtual bool has_string_lists() const { return false; }

@@ -84,6 +84,8 @@ MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : child
                                   " string columns as lists, source 0" + (children_[0]->has_string_lists() ? " does" : " does not"));
   }
   string_lists_ = children_[0]->has_string_lists();
+  reads_plan_ahead_ = std::any_of(children_.begin(), children_.end(),
+                                  [](const auto& c) { return c->reads_plan_ahead(); });
   // Arrays of strided fixed-size columns (one part each; not sharded, not ragged) are read
   // straight from their columns.
   std::vector<const ArraySource*> arrays;
@@ -115,8 +117,10 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
     part_ptrs[p] = r.parts[p] + static_cast<size_t>(first) * schema_[p].row_bytes;
   std::shared_ptr<void> extras;
   FillRequest sub = r;
-  // The child's ids are its own: a child that reads the plan ahead reads its view of it.
-  const std::shared_ptr<const BatchPlan> view = r.plan ? child_plan(r.plan, child) : nullptr;
+  // The child's ids are its own: a child that reads the plan ahead reads its view of it (no
+  // view, and no lock, for the others).
+  const std::shared_ptr<const BatchPlan> view =
+      r.plan && children_[static_cast<size_t>(child)]->reads_plan_ahead() ? child_plan(r.plan, child) : nullptr;
   sub.plan = view.get();
   sub.ids = local_ids;
   sub.count = count;

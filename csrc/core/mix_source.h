@@ -29,6 +29,7 @@ class MixSource final : public BatchSource {
   void fill(const FillRequest& request) override;
   bool wants_sources() const override { return true; }
   bool has_string_lists() const override { return string_lists_; }
+  bool reads_plan_ahead() const override { return reads_plan_ahead_; }
   const std::vector<int64_t>& offsets() const { return offsets_; }  // children + 1 entries
 
  private:
@@ -44,8 +45,9 @@ class MixSource final : public BatchSource {
   // The plan's split (source_rows, local_ids) over strided children: one gather per part.
   void fill_strided(const FillRequest& r);
   [[noreturn]] void bad_split(const FillRequest& r) const;  // names what is wrong with source_rows
-  // Child j's view of `plan` (see ChildPlan in mix_source.cpp), made once per plan and child. The
-  // caller holds the returned pointer while its child fills; the last few views are kept.
+  // Child j's view of `plan` (see ChildPlan in mix_source.cpp), made once per plan and child, for
+  // children that read the plan ahead. The caller holds the returned pointer while its child
+  // fills; the last few views are kept.
   std::shared_ptr<const BatchPlan> child_plan(const BatchPlan* plan, int child);
 
   std::vector<std::shared_ptr<BatchSource>> children_;
@@ -53,6 +55,7 @@ class MixSource final : public BatchSource {
   std::vector<int64_t> offsets_;
   std::vector<StridedPart> strided_;  // one per part; empty unless every child is strided arrays
   bool string_lists_ = false;
+  bool reads_plan_ahead_ = false;  // some child does: fill_run hands it a view of the plan
   std::mutex child_plans_mu_;
   std::vector<std::pair<std::pair<const BatchPlan*, int>, std::shared_ptr<const BatchPlan>>> child_plans_;
 };

@@ -50,6 +50,7 @@ class RowGroupSource final : public BatchSource, public std::enable_shared_from_
   const std::vector<PartSchema>& schema() const override { return parts_; }
   int64_t size() const override { return starts_.back(); }
   bool has_string_lists() const override { return !string_plans_.empty(); }
+  bool reads_plan_ahead() const override { return ahead_threads_ > 0; }
   void fill(const FillRequest& request) override;
 
   // Stops and joins the decode threads (each finishes the group it decodes); none start again.
