@@ -37,12 +37,6 @@ def _decode_pool() -> Any:
         return pa.system_memory_pool()
 
 
-def pa_schema_of(schema: Any, names: Sequence[str]) -> Any:
-    import pyarrow as pa  # noqa: PLC0415
-
-    return pa.schema([schema.field(n) for n in names])
-
-
 def _import_pyarrow() -> Any:
     try:
         import pyarrow.parquet as pq  # noqa: PLC0415 - only Parquet needs it
@@ -142,6 +136,7 @@ class Parquet:
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
                  cache_bytes: int | None = None, decode_threads: int | None = None):
         _import_pyarrow()  # a clear ImportError without pyarrow, before anything is read
+        import pyarrow as pa  # noqa: PLC0415 - present: _import_pyarrow() passed
         # What a pickle reopens (RemoteParquet keeps its own: its URLs and options without secrets).
         self._open_args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length,
                            "fill_null": fill_null, "with_valid": with_valid, "cache_bytes": cache_bytes,
@@ -182,7 +177,7 @@ class Parquet:
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
         self.string_lists = [r[0] for r in self._requests if r[6]]
         self._read = [f.name for f in schema if any(n == f.name or n.startswith(f.name + ".") for n in self._selected)]
-        self._read_schema = pa_schema_of(schema, self._read)  # a row group of no rows decodes to this
+        self._read_schema = pa.schema([schema.field(n) for n in self._read])  # a row group of no rows decodes to this
         self._fragments: dict[int, Any] = {}
         self._pool = _decode_pool()
         self._check_null_counts(metas, fill_null or {})
