@@ -3,7 +3,9 @@
 // RowGroupSource's cache of decoded groups filled from several threads at once (a small budget,
 // so that groups are decoded, evicted and decoded again while others gather from them).
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -188,9 +190,25 @@ void fill_epoch_from_threads(BatchSource& src, const EpochPlan& plan, int thread
 
 // Group g decoded: rows [g * rows, (g + 1) * rows), sliced by g % slices; each holds "1000
 // bytes"; `calls` counts the decodes.
-RowGroupSource::Decode counting_decode(std::atomic<int64_t>& calls, int64_t rows, int64_t slices) {
-  return [&calls, rows, slices](int64_t g, int64_t* bytes) {
-    ++calls;
+// The decode function shares its counter: a decode thread may still run it after the test's
+// scope has let the source go (the thread holds the source until its decode ends), so a counter
+// on the test's stack would be written after it is gone.
+using Counter = std::shared_ptr<std::atomic<int64_t>>;
+Counter counter() { return std::make_shared<std::atomic<int64_t>>(0); }
+
+// A decode thread may still be inside a decode that an epoch's fills no longer wait for (its
+// call counted, its decode not yet): counts are compared once the decode threads settle.
+bool settles_to(const std::function<bool()>& equal) {
+  for (int i = 0; i < 500; ++i) {
+    if (equal()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return equal();
+}
+
+RowGroupSource::Decode counting_decode(Counter calls, int64_t rows, int64_t slices) {
+  return [calls, rows, slices](int64_t g, int64_t* bytes) {
+    ++*calls;
     *bytes = 1000;
     return batch_table(g * rows, rows, g % slices);
   };
@@ -225,7 +243,7 @@ TEST_CASE(arrow_source_gathers_lists_bits_and_filled_nulls_from_sliced_batches) 
 TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {
   {
     constexpr int64_t kGroups = 24, kRows = 50;
-    std::atomic<int64_t> decoding{0};
+    const Counter decoding = counter();
     // A budget of 3 groups: most are evicted and decoded again.
     RowGroupSource src(batch_table(0, 1), requests(4), std::vector<int64_t>(kGroups, kRows),
                        std::vector<std::string>(kGroups, "group"), counting_decode(decoding, kRows, 3), 3000, 1);
@@ -246,7 +264,7 @@ TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {
       });
     for (auto& th : threads) th.join();
     CHECK(done.load() == 4);
-    CHECK(src.decodes() == decoding.load());
+    CHECK(src.decodes() == decoding->load());
     CHECK(src.decodes() > kGroups);  // evicted and decoded again
     CHECK(src.cached_bytes() <= 1000 * (1 + 2 * 4));  // the floor: min_groups + 2 per thread
   }
@@ -292,7 +310,7 @@ TEST_CASE(row_group_decode_failure_fails_its_batches_and_no_thread_waits_forever
 TEST_CASE(row_group_decode_threads_read_the_plan_ahead) {
   {
     constexpr int64_t kGroups = 30, kRows = 40;
-    std::atomic<int64_t> decoding{0};
+    const Counter decoding = counter();
     // A budget of 8 groups (4 may wait decoded ahead), windows of 4, 2 decode threads.
     auto src = std::make_shared<RowGroupSource>(batch_table(0, 1), requests(3), std::vector<int64_t>(kGroups, kRows),
                                                 std::vector<std::string>(kGroups, "group"),
@@ -303,7 +321,7 @@ TEST_CASE(row_group_decode_threads_read_the_plan_ahead) {
     cfg.shard_rows = std::vector<int64_t>(kGroups, kRows), cfg.seed = 7;
     cfg.block_size = 4 * kRows;  // windows of 4 groups (min_groups)
     for (int64_t epoch = 0; epoch < 2; ++epoch) fill_epoch_from_threads(*src, EpochPlan(cfg, epoch, 0), 3);
-    CHECK(src->decodes() == decoding.load());
+    CHECK(settles_to([&] { return src->decodes() == decoding->load(); }));
     CHECK(src->decoded_ahead() <= src->decodes());
     CHECK(src->decodes() <= 2 * (kGroups + 10));  // block order: about once per group and epoch
     // The last owner may go while a decode thread decodes: that thread lets the source go.
@@ -322,13 +340,13 @@ TEST_CASE(row_group_decode_threads_read_ahead_inside_a_mixture) {
   // every batch holds the rows it names.
   {
     constexpr int64_t kGroups = 20, kRows = 40;
-    std::atomic<int64_t> first_calls{0}, second_calls{0};
+    const Counter first_calls = counter(), second_calls = counter();
     auto first = std::make_shared<RowGroupSource>(batch_table(0, 1), requests(3), std::vector<int64_t>(kGroups, kRows),
                                                   std::vector<std::string>(kGroups, "group"),
                                                   counting_decode(first_calls, kRows, 2), 8000, 4, 2);
     // The second source's rows hold the mixture's ids: its group g is the rows of group kGroups + g.
-    RowGroupSource::Decode shifted = [&second_calls](int64_t g, int64_t* bytes) {
-      ++second_calls;
+    RowGroupSource::Decode shifted = [second_calls](int64_t g, int64_t* bytes) {
+      ++*second_calls;
       *bytes = 1000;
       return batch_table((kGroups + g) * kRows, kRows, g % 2);
     };
@@ -341,7 +359,9 @@ TEST_CASE(row_group_decode_threads_read_ahead_inside_a_mixture) {
     cfg.block_size = 4 * kRows;
     for (int64_t epoch = 0; epoch < 2; ++epoch) fill_epoch_from_threads(mix, EpochPlan(cfg, epoch, 0), 3);
     CHECK(first->decoded_ahead() > 0 && second->decoded_ahead() > 0);
-    CHECK(first->decodes() == first_calls.load() && second->decodes() == second_calls.load());
+    CHECK(settles_to([&] {
+      return first->decodes() == first_calls->load() && second->decodes() == second_calls->load();
+    }));
   }
   for (int i = 0; i < 500 && g_live.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(g_live.load() == 0);
