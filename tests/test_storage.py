@@ -199,6 +199,41 @@ def test_small_cache_stays_bounded_and_batches_stay_exact(remote_blocks, s3_serv
     assert s.bytes_fetched <= 2 * 1.25 * 8 * shard
 
 
+def test_a_batch_straddling_two_windows_needs_a_cache_of_one_window(remote_blocks, s3_server, s3_proxy, tmp_path):
+    # Windows of 4 shards, batches of 1,000 rows: a batch straddles two windows (8 shards) where a
+    # window ends. A cache of 6 shards holds a window and the next one's first shards: the
+    # collation threads copy a straddling batch in runs of rows whose files fit the cache, and the
+    # fetcher evicts the first window's shards once their reads are done (not the next window's,
+    # which would be fetched again). Batches equal a local directory's, the disk stays under the
+    # limit, and each shard is fetched about once per epoch. (Refused before: "one step reads 8
+    # shards".)
+    url, local, shard = remote_blocks
+    limit = 6 * shard
+    ds = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "cache", cache_limit=limit)
+    kw = dict(batch_size=1000, shuffle=True, seed=3, order="block", num_threads=2)
+    loader = fl.Loader(ds, **kw)
+    local_loader = fl.Loader(fl.Dataset.open(local), **kw)
+    for epoch in (0, 1):
+        _equal(_batches(loader, epoch), _batches(local_loader, epoch))
+        assert ds.storage_stats().cached_bytes <= limit
+    s = ds.storage_stats()
+    # About once per epoch: 8 shards a window, the next epoch's first shards prefetched and
+    # sometimes evicted again before the epoch starts (a refetch per step would be 30x this).
+    assert s.bytes_fetched <= 2 * 1.5 * 8 * shard, s
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ds.cache_dir) for f in fs
+                  if f.endswith(".npy"))
+    assert on_disk <= limit
+    # In random order a step reads all 8 shards together: the same cache is refused.
+    with pytest.raises(ValueError, match=r"one step reads \d+ bytes of shards \(step \d+ reads 8 shards together\)"):
+        fl.Loader(ds, batch_size=1000, shuffle=True, seed=3)
+    # Too small for each collation thread to read a shard at once: refused, naming both sizes.
+    two = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "c2",
+                          cache_limit=int(1.5 * shard))
+    with pytest.raises(ValueError, match=rf"cache_limit is {int(1.5 * shard)} bytes, but 2 collation threads each "
+                                         r"read a shard at once \(\d+ bytes for the 2 largest\).*num_threads=1"):
+        fl.Loader(two, batch_size=64, order="block", num_threads=2)
+
+
 def test_cache_smaller_than_one_step_is_an_error_naming_both(remote_blocks, s3_server, tmp_path):
     url, _, shard = remote_blocks
     with pytest.raises(ValueError, match=r"smaller than the largest shard .* \(\d+ bytes\)"):

@@ -238,6 +238,15 @@ void register_file_mapping(py::module_& m) {
            "is mapped; makes the file present (a fetch) and returns the identity to check; set before any use")
       .def("try_unmap", &LazyFiles::try_unmap, py::arg("file"),
            "unmaps the file unless a thread pins or maps it now; True if it is unmapped (its file may go)")
+      .def("rows_read", &LazyFiles::rows_read, py::arg("files"),
+           "rows the collation threads have copied from each of these files so far (counted as they unpin it)")
+      .def_property(
+          "pin_bound", &LazyFiles::pin_bound,
+          [](LazyFiles& f, int files) {
+            if (files < 1) throw py::value_error("pin_bound must be at least 1, got " + std::to_string(files));
+            f.set_pin_bound(files);
+          },
+          "the most files a collation thread pins at once (a block of more is copied in runs of rows)")
       .def("__len__", &LazyFiles::size);
 }
 

@@ -246,55 +246,85 @@ void copy_padded_rows(const ArrayColumn& col, const std::byte* const* src, const
 
 // Lazily mapped shards (set_lazy_shards). A block's distinct files are pinned together (one
 // lock of the cache for the block, not one per row), copied from, and unpinned: a thread pins at
-// most one block of one column at a time (kBlock files, twice that for a ragged column).
+// most one block of one column at a time (kBlock files, twice that for a ragged column), and no
+// more than the files' pin bound (LazyFiles::pin_bound): a block of more files is copied in runs
+// of rows. Each file's rows copied are counted when it is unpinned (LazyFiles::rows_read).
 
-// The distinct files of a block in first-seen order, and per row the index of its file among
-// them: an open-addressed table of twice the block's rows (a power of two), cleared entry by
-// entry after use. A sort, unique and binary search per row did the same in O(n log n) and were
-// a fifth of the CPU of a cached remote dataset's epoch (256-row blocks over ~100 files).
+// The distinct files of a run of a block's rows in first-seen order, the rows that read each, and
+// per file wanted the index of its file among them: an open-addressed table of twice the block's
+// rows (a power of two), cleared entry by entry after use. A sort, unique and binary search per
+// row did the same in O(n log n) and were a fifth of the CPU of a cached remote dataset's epoch
+// (256-row blocks over ~100 files).
 class DistinctFiles {
  public:
   static constexpr int kMaxRows = 2 * kBlock;  // a ragged block asks for 2 files per row
 
   DistinctFiles() { std::fill(std::begin(key_), std::end(key_), -1); }
 
-  // ids[0, return) = the distinct files of want[0, n); index[i] = where want[i] is in ids.
-  int collect(const int32_t* want, int64_t n, int32_t* ids, int16_t* index) {
+  // Rows of per_row files each: want[r * per_row + j] is row r's j-th file. Takes rows from the
+  // first while their files are at most `bound` distinct ones (the first row always), and returns
+  // how many; ids[0, distinct) = those files, rows[k] = the rows taken that read ids[k], and
+  // index[e] = where want[e] is in ids for the entries taken.
+  int64_t collect(const int32_t* want, int64_t n, int per_row, int bound, int32_t* ids, int32_t* rows,
+                  int16_t* index, int* distinct_out) {
     int distinct = 0;
     int used = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t f = want[i];
-      uint32_t h = (static_cast<uint32_t>(f) * 2654435761u) >> (32 - kBits);
-      while (key_[h] != -1 && key_[h] != f) h = (h + 1) & (kSlots - 1);
-      if (key_[h] == -1) {
-        key_[h] = f;
-        slot_[h] = static_cast<int16_t>(distinct);
-        ids[distinct++] = f;
-        used_[used++] = static_cast<uint16_t>(h);
+    int64_t r = 0;
+    for (; r < n; ++r) {
+      const int32_t* files = want + r * per_row;
+      int fresh = 0;  // of this row's files, those not seen in the run yet
+      for (int j = 0; j < per_row; ++j) fresh += find(files[j]) < 0 && (j == 0 || files[j] != files[0]);
+      if (r > 0 && distinct + fresh > bound) break;
+      for (int j = 0; j < per_row; ++j) {
+        const uint32_t h = slot_of(files[j]);
+        if (key_[h] == -1) {
+          key_[h] = files[j];
+          slot_[h] = static_cast<int16_t>(distinct);
+          rows[distinct] = 0;
+          ids[distinct++] = files[j];
+          used_[used++] = static_cast<uint16_t>(h);
+        }
+        index[r * per_row + j] = slot_[h];
+        if (j == 0 || files[j] != files[0]) ++rows[slot_[h]];
       }
-      index[i] = slot_[h];
     }
     for (int k = 0; k < used; ++k) key_[used_[k]] = -1;
-    return distinct;
+    *distinct_out = distinct;
+    return r;
   }
 
  private:
   static constexpr int kBits = 10;
   static constexpr int kSlots = 1 << kBits;  // at least twice kMaxRows: probes stay short
   static_assert(kSlots >= 2 * kMaxRows, "the table must stay at most half full");
+
+  uint32_t slot_of(int32_t f) const {  // f's slot, or the empty one where it would go
+    uint32_t h = (static_cast<uint32_t>(f) * 2654435761u) >> (32 - kBits);
+    while (key_[h] != -1 && key_[h] != f) h = (h + 1) & (kSlots - 1);
+    return h;
+  }
+  int find(int32_t f) const {
+    const uint32_t h = slot_of(f);
+    return key_[h] == -1 ? -1 : slot_[h];
+  }
+
   int32_t key_[kSlots];
   int16_t slot_[kSlots];
   uint16_t used_[kMaxRows];
 };
 
-// Pins the files want[0, n) name (one per row, repeats allowed; n <= DistinctFiles::kMaxRows):
-// ids and data are scratch of n entries; at[i] becomes where want[i]'s data start.
-void pin_block(PinnedFiles& pins, DistinctFiles& table, const int32_t* want, int64_t n, int32_t* ids,
-               const std::byte** data, const std::byte** at) {
+// Pins the files of the first rows of want[0, n * per_row) (per_row files per row; repeats
+// allowed; n * per_row <= DistinctFiles::kMaxRows) that fit the files' pin bound, and returns how
+// many rows that is: at[e] becomes where want[e]'s data start for their entries. ids, rows and
+// data are scratch of n * per_row entries, held by the pins until release().
+int64_t pin_rows(PinnedFiles& pins, LazyFiles& files, DistinctFiles& table, const int32_t* want, int64_t n,
+                 int per_row, int32_t* ids, int32_t* rows, const std::byte** data, const std::byte** at) {
   int16_t index[DistinctFiles::kMaxRows];
-  const int distinct = table.collect(want, n, ids, index);
-  pins.pin(ids, distinct, data);
-  for (int64_t i = 0; i < n; ++i) at[i] = data[index[i]];
+  int distinct = 0;
+  const int64_t taken = table.collect(want, n, per_row, files.pin_bound(), ids, rows, index, &distinct);
+  pins.pin(ids, distinct, data, rows);
+  for (int64_t e = 0; e < taken * per_row; ++e) at[e] = data[index[e]];
+  return taken;
 }
 
 // A lazy ragged shard's offsets, checked the first time its file is mapped (from then on its
@@ -332,7 +362,7 @@ void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count,
   DistinctFiles table;
   const std::byte* rows[kBlock];
   const std::byte* data[kBlock];
-  int32_t want[kBlock], distinct[kBlock];
+  int32_t want[kBlock], distinct[kBlock], reads[kBlock];
   int64_t within[kBlock];
   for (int64_t b = 0; b < count; b += kBlock) {
     const int64_t n = std::min(kBlock, count - b);
@@ -342,10 +372,13 @@ void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count,
       want[i] = col.lazy_file[s];
       within[i] = (id - col.starts[s]) * col.shards[s].pitch;
     }
-    pin_block(pins, table, want, n, distinct, data, rows);
-    for (int64_t i = 0; i < n; ++i) rows[i] += within[i];
-    gather_with(Resolved{rows}, col.row_bytes, n, dst + b * col.row_bytes, streaming);
-    pins.release();
+    for (int64_t r = 0; r < n;) {  // one run of rows when the block's files fit the pin bound
+      const int64_t taken = pin_rows(pins, *col.lazy, table, want + r, n - r, 1, distinct, reads, data, rows + r);
+      for (int64_t i = r; i < r + taken; ++i) rows[i] += within[i];
+      gather_with(Resolved{rows + r}, col.row_bytes, taken, dst + (b + r) * col.row_bytes, streaming);
+      pins.release();
+      r += taken;
+    }
   }
 }
 
@@ -359,8 +392,8 @@ void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t coun
   int64_t row[kRaggedBlock], items[kRaggedBlock];
   const std::byte* src[kRaggedBlock];
   const int64_t* offsets[kRaggedBlock];
-  // Per row: its values file, then (from kRaggedBlock on) its offsets file.
-  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock];
+  // Per row: its values file, then its offsets file.
+  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock], reads[2 * kRaggedBlock];
   const std::byte* data[2 * kRaggedBlock];
   const std::byte* at[2 * kRaggedBlock];
   for (int64_t b = 0; b < count; b += kRaggedBlock) {
@@ -369,30 +402,32 @@ void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t coun
       const size_t s = find_shard(col, ids[b + i]);
       shard[i] = s;
       row[i] = ids[b + i] - col.starts[s];
-      want[i] = col.lazy_file[s];
-      want[n + i] = col.lazy_offsets_file[s];
+      want[2 * i] = col.lazy_file[s];
+      want[2 * i + 1] = col.lazy_offsets_file[s];
     }
-    pin_block(pins, table, want, 2 * n, distinct, data, at);
-    const std::byte* const* values = at;
-    for (int64_t i = 0; i < n; ++i) offsets[i] = reinterpret_cast<const int64_t*>(at[n + i]);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t f = want[n + i];
-      if (!files.checked(f)) {
-        check_lazy_offsets(col, col.shards[shard[i]], offsets[i], files.file(f));
-        files.set_checked(f);
+    for (int64_t r = 0; r < n;) {  // one run of rows when the block's files fit the pin bound
+      const int64_t taken = pin_rows(pins, files, table, want + 2 * r, n - r, 2, distinct, reads, data, at);
+      for (int64_t i = r; i < r + taken; ++i) {
+        offsets[i] = reinterpret_cast<const int64_t*>(at[2 * (i - r) + 1]);
+        const int32_t f = want[2 * i + 1];
+        if (!files.checked(f)) {
+          check_lazy_offsets(col, col.shards[shard[i]], offsets[i], files.file(f));
+          files.set_checked(f);
+        }
+        __builtin_prefetch(offsets[i] + row[i], 0, 0);
       }
-      __builtin_prefetch(offsets[i] + row[i], 0, 0);
+      for (int64_t i = r; i < r + taken; ++i) {
+        const Shard& sh = col.shards[shard[i]];
+        const int64_t first = offsets[i][row[i]], end = offsets[i][row[i] + 1];
+        if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
+        items[i] = std::min(end - first, cap);
+        src[i] = at[2 * (i - r)] + first * item;
+        prefetch_row(src[i], items[i] * item);
+      }
+      copy_padded_rows(col, src + r, items + r, taken, dst + (b + r) * slot, lengths + b + r);
+      pins.release();
+      r += taken;
     }
-    for (int64_t i = 0; i < n; ++i) {
-      const Shard& sh = col.shards[shard[i]];
-      const int64_t first = offsets[i][row[i]], end = offsets[i][row[i] + 1];
-      if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
-      items[i] = std::min(end - first, cap);
-      src[i] = values[i] + first * item;
-      prefetch_row(src[i], items[i] * item);
-    }
-    copy_padded_rows(col, src, items, n, dst + b * slot, lengths + b);
-    pins.release();
   }
 }
 

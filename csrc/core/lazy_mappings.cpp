@@ -22,6 +22,7 @@ struct MappingCache::Slot {
   int32_t pins = 0;
   State state = kUnmapped;
   bool in_lru = false;
+  int64_t rows_read = 0;  // under the cache's lock
   Slot* prev = nullptr;  // towards the head (more recently used)
   Slot* next = nullptr;
   std::atomic<bool> checked{false};
@@ -300,14 +301,25 @@ void LazyFiles::pin(const int32_t* ids, int n, const std::byte** data) {
   }
 }
 
-void LazyFiles::unpin(const int32_t* ids, int n) noexcept {
+void LazyFiles::unpin(const int32_t* ids, int n, const int32_t* rows_read) noexcept {
   MappingCache::Victims victims;
   {
     std::lock_guard<std::mutex> lock(cache_->mutex_);
+    if (rows_read)
+      for (int k = 0; k < n; ++k) slots_[static_cast<size_t>(ids[k])].rows_read += rows_read[k];
     for (int k = 0; k < n; ++k) unpin_locked(ids[k], victims);
     cache_->note_locked();
   }
   victims.flush();
+}
+
+std::vector<int64_t> LazyFiles::rows_read(const std::vector<int32_t>& ids) const {
+  for (int32_t i : ids)
+    if (i < 0 || static_cast<size_t>(i) >= files_.size()) throw std::out_of_range("file index out of range");
+  std::vector<int64_t> out(ids.size());
+  std::lock_guard<std::mutex> lock(cache_->mutex_);
+  for (size_t k = 0; k < ids.size(); ++k) out[k] = slots_[static_cast<size_t>(ids[k])].rows_read;
+  return out;
 }
 
 bool LazyFiles::try_unmap(int32_t i) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -101,7 +102,20 @@ class LazyFiles {
   // std::invalid_argument naming the file if one cannot be mapped or is not the file described
   // (missing, replaced, rewritten, truncated); none of them stays pinned then.
   void pin(const int32_t* ids, int n, const std::byte** data);
-  void unpin(const int32_t* ids, int n) noexcept;
+  // rows_read (may be null): rows copied from each file since it was pinned, added to its count.
+  void unpin(const int32_t* ids, int n, const int32_t* rows_read = nullptr) noexcept;
+
+  // Rows copied from each file so far (counted at unpin): the fetcher of a remote source tells from
+  // them which of the plan's reads of a file are done, so that it evicts a file no batch still
+  // needs rather than one a collation thread is about to read (see _storage/fetcher.py).
+  std::vector<int64_t> rows_read(const std::vector<int32_t>& ids) const;
+
+  // The most files one pin() of a gather holds (a block of rows is copied in runs of rows whose
+  // files are at most this many; a row's own files are always pinned together). The fetcher of a
+  // remote source sets it so that every collation thread's pins fit the cache together: a batch
+  // that straddles two windows of order="block" then never needs both windows cached at once.
+  void set_pin_bound(int files) { pin_bound_.store(files < 1 ? 1 : files, std::memory_order_relaxed); }
+  int pin_bound() const { return pin_bound_.load(std::memory_order_relaxed); }
 
   // A flag per file for checks of its contents that need doing once (a ragged shard's offsets):
   // set after the first check passed. Two threads may both check; the result is the same.
@@ -127,6 +141,7 @@ class LazyFiles {
   std::unique_ptr<MappingCache::Slot[]> slots_;
   uint64_t fork_generation_;
   Provider provider_;
+  std::atomic<int> pin_bound_{INT32_MAX};
 };
 
 // RAII pins of up to `capacity` files of one LazyFiles: unpinned when it goes out of scope, so an
@@ -137,20 +152,23 @@ class PinnedFiles {
   ~PinnedFiles() { release(); }
   PinnedFiles(const PinnedFiles&) = delete;
   PinnedFiles& operator=(const PinnedFiles&) = delete;
-  // Holds nothing else: release() the previous pins first. ids must stay unchanged until then.
-  void pin(const int32_t* ids, int n, const std::byte** data) {
+  // Holds nothing else: release() the previous pins first. ids (and rows_read, the rows to be
+  // copied from each, counted when released; may be null) must stay unchanged until then.
+  void pin(const int32_t* ids, int n, const std::byte** data, const int32_t* rows_read = nullptr) {
     files_.pin(ids, n, data);
     ids_ = ids;
+    rows_read_ = rows_read;
     n_ = n;
   }
   void release() noexcept {
-    if (n_ > 0) files_.unpin(ids_, n_);
+    if (n_ > 0) files_.unpin(ids_, n_, rows_read_);
     n_ = 0;
   }
 
  private:
   LazyFiles& files_;
   const int32_t* ids_ = nullptr;
+  const int32_t* rows_read_ = nullptr;
   int n_ = 0;
 };
 

@@ -177,7 +177,7 @@ class Loader:
         self._test_stream = 0
         # Object storage: a cache_limit below the shards one step reads is an error now, and the
         # fetchers' threads start.
-        self._storage = attach_loader(self._schedule.run_order(), self.config.order)
+        self._storage = attach_loader(self._schedule.run_order(), self.config.order, self.config.num_threads)
         _lifecycle.register(self)
 
     @staticmethod

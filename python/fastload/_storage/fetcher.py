@@ -25,6 +25,7 @@ from .client import Client
 
 _INF = np.iinfo(np.int64).max
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
+_DEMAND_PATIENCE = 0.25  # seconds it waits for other threads' reads before evicting a file they need
 _RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
 _NEXT_EPOCH_SHARE = 8  # the next epoch's shards are prefetched up to limit / this (at least a shard)
 
@@ -102,6 +103,7 @@ class Fetcher:
         self._on_disk_bytes = 0  # and their bytes
         self._scanned_at = 0.0
         self._files: Any = None  # the native LazyFiles, once the source is described
+        self._pin_bound: int | None = None  # the most files a collation thread pins at once (bound_pins)
         self._stats = StorageStats(limit=limit)
         self._active = 0
         self._busy_since = 0.0
@@ -117,6 +119,12 @@ class Fetcher:
         self._window = (0, 0, True)  # (first step, end step, whether the plan ends there)
         self._short, self._rounds = False, 0  # a short first window; prefetch rounds run on this window
         self._occ_keys: np.ndarray | None = None
+        # Which of the plan's reads are done: the rows each file had given the collation threads
+        # when the plan was handed over (LazyFiles.rows_read), and per shard the reads the plan
+        # makes before the window held (each of a shard's files is read once per sample of it).
+        self._reads_from: np.ndarray | None = None
+        self._every_file = list(range(len(self.entries)))
+        self._reads_before = np.zeros(len(self.shard_files), dtype=np.int64)
         # The prefetch round that found nothing to start: (index in _seq, _changed) then. Nothing
         # changes its answer until the consumer has moved on or a file came or went (or a download
         # ended).
@@ -137,6 +145,9 @@ class Fetcher:
         holds the fetcher weakly: the fetcher holds the LazyFiles, and a cycle through the native
         object would keep both (and the prefetch thread) alive for good."""
         self._files = lazy_files
+        self._count_reads_from_now_locked()
+        if self._pin_bound is not None and hasattr(lazy_files, "pin_bound"):
+            lazy_files.pin_bound = self._pin_bound
         ref = weakref.ref(self)
 
         def provide(i: int) -> tuple[int, int, int, int]:
@@ -146,6 +157,28 @@ class Fetcher:
             return fetcher.provide(i)
 
         lazy_files.set_provider(provide)
+
+    def bound_pins(self, threads: int) -> None:
+        """A Loader of `threads` collation threads reads this source: each pins at most as many
+        files at once as let all of them fit the cache together, so that a thread waiting for room
+        always gets it once the others' batches are copied (the least of every Loader's bound).
+        A cache too small for each thread to read one shard is an error naming both sizes."""
+        if self._files is not None and not hasattr(self._files, "pin_bound"):
+            return  # a source that pins a file only while it opens it (remote Parquet) holds no more
+        threads = max(1, threads)
+        need = int(np.sort(self.shard_bytes)[::-1][:threads].sum())  # each thread in a shard of its own
+        if need > self.limit:
+            fit = int(np.searchsorted(np.cumsum(np.sort(self.shard_bytes)[::-1]), self.limit, side="right"))
+            raise ValueError(f"cache_limit is {self.limit} bytes, but {threads} collation threads each read a shard "
+                             f"at once ({need} bytes for the {threads} largest): raise cache_limit to at least "
+                             f"{need} bytes, or pass num_threads={max(1, fit)}")
+        # The most files each thread may pin: the largest files of all threads' pins fit the limit.
+        largest_first = np.cumsum(np.sort(np.array([e.size for e in self.entries], dtype=np.int64))[::-1])
+        bound = max(1, int(np.searchsorted(largest_first, self.limit, side="right")) // threads)
+        with self._cond:
+            self._pin_bound = bound if self._pin_bound is None else min(self._pin_bound, bound)
+            if self._files is not None:
+                self._files.pin_bound = self._pin_bound
 
     def provide(self, i: int) -> tuple[int, int, int, int]:
         """Called by a collation thread before it maps file i: the file is present (fetched now
@@ -173,7 +206,7 @@ class Fetcher:
             self._stats.misses += 1
             self._fetching[i] = True
             try:
-                self._make_room_locked(entry.size, demand=True, needed_at=-1)
+                self._make_room_locked(entry.size, demand=True, needed_at=-1, wanted=i)
             except BaseException:
                 self._fetching[i] = False
                 self._cond.notify_all()
@@ -211,24 +244,40 @@ class Fetcher:
 
     # ------------------------------------------------------------------ room and eviction
     def _next_use(self, files: np.ndarray, pos: int) -> np.ndarray:
-        """Per file, the step of the plan where its shard is next read at or after step `pos`;
-        _INF if not within the window of the plan held. Without a plan: older use = sooner gone
-        (least recently used), as negative times."""
+        """Per file, the step of the plan where its shard is next read, at or after step `pos`
+        and after the reads of it the collation threads have done (they run ahead of the
+        consumer: a file whose every read in the window is done is _INF, the first to go, though
+        the consumer has not reached those steps yet); _INF if not read again within the window
+        held. Without a plan: older use = sooner gone (least recently used), as negative times."""
         if self._occ_steps is None:
             return -self._last_use[files]
+        shards = self.shard_of_file[files]
+        done = self._reads_done_locked()
+        done = done[files] if done is not None else np.zeros(len(files), dtype=np.int64)
         out = np.full(len(files), _INF, dtype=np.int64)
-        for j, k in enumerate(self.shard_of_file[files]):
+        for j, k in enumerate(shards):
             occ = self._occ_steps[self._occ_start[k]:self._occ_start[k + 1]]
-            at = np.searchsorted(occ, pos)
+            at = max(int(np.searchsorted(occ, pos)), int(done[j]))
             if at < len(occ):
                 out[j] = occ[at]
         return out
 
-    def _make_room_locked(self, nbytes: int, demand: bool, needed_at: int) -> bool:
+    def _reads_done_locked(self) -> np.ndarray | None:
+        """Per file, how many of the window's reads of it the collation threads have done (None
+        before the source is described)."""
+        if self._reads_from is None or self._files is None:
+            return None
+        read = np.asarray(self._files.rows_read(self._every_file), dtype=np.int64)
+        return read - self._reads_from - self._reads_before[self.shard_of_file]
+
+    def _make_room_locked(self, nbytes: int, demand: bool, needed_at: int, wanted: int | None = None) -> bool:
         """Reserves nbytes of the limit, evicting the cached files needed furthest ahead. A
         prefetch evicts only files needed later than `needed_at` (else it is not worth it: False);
-        a demand waits for room (files unpinned, downloads done) and raises after a bound."""
+        a demand (for file `wanted`) waits for room (files unpinned, reads done, downloads done),
+        for _DEMAND_PATIENCE evicting no file the plan reads before `wanted`, and raises after a
+        bound."""
         deadline = time.monotonic() + _DEMAND_WAIT
+        patience = time.monotonic() + _DEMAND_PATIENCE if demand else 0.0
         fresh = False
         while True:
             on_disk = self._scan_locked(fresh)
@@ -241,10 +290,22 @@ class Fetcher:
                 continue
             candidates = np.array([i for i in on_disk if not self._fetching[i]], dtype=np.int64)
             if len(candidates):
-                uses = self._next_use(candidates, self._position() or 0)
+                pos = self._position() or 0
+                uses = self._next_use(candidates, pos)
+                keep_before = needed_at + 1 if not demand else None  # a prefetch keeps files needed by then
+                if demand and wanted is not None and self._occ_steps is not None and time.monotonic() < patience:
+                    # A file the plan reads before the one demanded is one another collation
+                    # thread is about to read (the last batches of a window of order="block"
+                    # while this thread reads a batch that straddles into the next): wait for
+                    # those reads rather than evict the file and fetch it again.
+                    # Nor one read at the same step (the wanted file's shard's other columns).
+                    wanted_at = int(self._next_use(np.array([wanted], dtype=np.int64), pos)[0])
+                    keep_before = wanted_at + 1 if wanted_at < _INF else None
                 for j in np.argsort(-uses, kind="stable"):
-                    if not demand and uses[j] <= needed_at:
-                        return False
+                    if keep_before is not None and uses[j] < keep_before:
+                        if not demand:
+                            return False
+                        break
                     i = int(candidates[j])
                     if self._files is not None and not self._files.try_unmap(i):
                         continue  # a collation thread reads it now
@@ -325,8 +386,22 @@ class Fetcher:
         self._plan = None
         self._seq = self._at = self._occ_steps = self._occ_start = self._occ_keys = None
         self._window = (0, 0, True)
+        self._count_reads_from_now_locked()
+
+    def _count_reads_from_now_locked(self) -> None:
+        """The plan's reads are counted from here: the rows read so far are its start."""
+        files = self._files
+        counted = files is not None and hasattr(files, "rows_read")  # remote Parquet's pins count no rows
+        self._reads_from = np.asarray(files.rows_read(self._every_file), dtype=np.int64) if counted else None
+        self._reads_before[:] = 0
 
     def _install_locked(self, w: PlanWindow, first: int) -> None:
+        if self._seq is not None:
+            held_first, held_end, _ = self._window
+            if first > held_end:  # the consumer went past the window held: count from here
+                self._count_reads_from_now_locked()
+            else:  # the held window's reads before `first` are before the new window's
+                self._reads_before += np.bincount(self._seq[self._at < first], minlength=len(self.shard_files))
         seq = np.asarray(w.shards, dtype=np.int64)
         # numpy sorts 16-bit keys by radix (4x faster than int64 on a window of 200K samples).
         keys = seq.astype(np.uint16) if len(self.shard_files) <= 1 << 16 else seq
@@ -468,6 +543,11 @@ class Fetcher:
         n = len(self._seq) + 1
         shards = np.arange(len(self.shard_files), dtype=np.int64)
         at = np.searchsorted(self._occ_keys, shards * n + start)
+        done = self._reads_done_locked()
+        if done is not None:  # reads the collation threads did ahead of the consumer are not ahead
+            least = np.full(len(shards), np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(least, self.shard_of_file, done)  # a shard is read while one of its files is
+            at = np.maximum(at, self._occ_start[:-1] + np.clip(least, 0, n))
         found = at < self._occ_start[1:]  # else the shard is not read again in the window
         shards, at = shards[found], at[found]
         index = self._occ_keys[at] - shards * n

@@ -74,40 +74,62 @@ class RunStorage:
         return total
 
 
-def attach_loader(order: Any, kind: str | None = None) -> RunStorage:
-    """At Loader construction, with the order of its first run: a cache_limit below the bytes of
-    the shards one step of this rank reads (in the first window of the plan, ~1M samples) is an error naming
-    both, never a hang later; then each remote source's fetcher readies its threads. Returns the
-    storage counters from now on."""
+def attach_loader(order: Any, kind: str | None = None, threads: int = 1) -> RunStorage:
+    """At Loader construction, with the order of its first run: a cache_limit that cannot hold
+    what this rank's steps read together (in the first window of the plan, ~1M samples) is an
+    error naming both sizes, never a hang later; each remote source's collation threads are bound
+    to pins that fit the cache together (LazyFiles.pin_bound), and its fetcher readies its
+    threads. Returns the storage counters from now on."""
     for part, source in enumerate(order.sources):
         fetcher = _fetcher_of(source)
         if fetcher is None:
             continue
         _check_room(fetcher, order, part, kind)
+        fetcher.bound_pins(threads)
         fetcher.ready()
     return RunStorage(order.sources)
 
 
 def _check_room(fetcher: Any, order: Any, part: int, kind: str | None) -> None:
+    """The least cache a run reads without fetching a shard again within a step: the shards of the
+    largest run of a step's rows that shares no shard with the rest of the step. Under
+    order="block" a batch that straddles two windows is two such runs (the collation threads copy
+    it in runs whose files fit the cache: LazyFiles.pin_bound), so a cache holding a window's
+    shards is enough; under order="random" a step is one run of all its shards."""
     plan = _SourcePlan(order, part)
     plan.window(0)  # the short first window sizes the full ones
     w = plan.window(0)
     if not len(w.shards):
         return
-    k = len(fetcher.shard_bytes)
+    sizes = fetcher.shard_bytes
+    k = len(sizes)
     pairs = np.unique(w.steps * k + w.shards)
     steps, at = np.unique(pairs // k, return_inverse=True)
-    per_step = np.bincount(at, weights=fetcher.shard_bytes[pairs % k])
-    worst = int(np.argmax(per_step))
-    need = int(per_step[worst])
-    if need > fetcher.limit:
-        # Under order="block" a step reads the shards of at most two windows (one where a batch
-        # straddles a window's end), so that is the least a cache can hold: no other order reads fewer.
-        way_out = ("" if kind == "block" else
-                   ", or use order='block' (a step then reads the shards of at most two windows)")
-        raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
-                         f"{int(steps[worst])} reads {int(np.count_nonzero(at == worst))} shards): raise cache_limit "
-                         f"to at least {need} bytes{way_out}")
+    per_step = np.bincount(at, weights=sizes[pairs % k])
+    bounds = np.searchsorted(w.steps, steps), np.searchsorted(w.steps, steps, side="right")
+    for worst in np.argsort(-per_step, kind="stable"):
+        if per_step[worst] <= fetcher.limit:
+            break
+        rows = w.shards[bounds[0][worst]:bounds[1][worst]]
+        need, shards = max(((int(sizes[run].sum()), len(run)) for run in _separate_runs(rows)), key=lambda r: r[0])
+        if need > fetcher.limit:
+            # Under order="block" a step's runs are the shards of one window each, so that is the least a
+            # cache can hold: no other order reads fewer.
+            way_out = ("" if kind == "block" else
+                       ", or use order='block' (a step then reads the shards of one window at a time)")
+            raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
+                             f"{int(steps[worst])} reads {shards} shards together): raise cache_limit "
+                             f"to at least {need} bytes{way_out}")
+
+
+def _separate_runs(rows: np.ndarray) -> list[np.ndarray]:
+    """The shards of each run of a step's rows (the shard each row reads, in order) that shares no
+    shard with the rows outside it: a cut after row i where no shard read up to i is read after."""
+    shards, inverse = np.unique(rows, return_inverse=True)
+    last = np.zeros(len(shards), dtype=np.int64)
+    np.maximum.at(last, inverse, np.arange(len(rows)))
+    cuts = np.flatnonzero(np.maximum.accumulate(last[inverse]) == np.arange(len(rows))) + 1
+    return [np.unique(rows[a:b]) for a, b in zip(np.concatenate([[0], cuts[:-1]]), cuts)]
 
 
 def follow_run(order: Any) -> None:
