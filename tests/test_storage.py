@@ -223,6 +223,12 @@ def test_a_batch_straddling_two_windows_needs_a_cache_of_one_window(remote_block
     on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ds.cache_dir) for f in fs
                   if f.endswith(".npy"))
     assert on_disk <= limit
+    # Each of the 2 threads pins at most the files that fit the cache with the other's (the 8
+    # x files of 64 KiB and 2 y files of 32 KiB fit): 5; a cache of every file sets no bound.
+    assert ds._fetcher._files.pin_bound == 5
+    whole = fl.Dataset.open(url, storage_options=_opts(s3_proxy.url), cache_dir=tmp_path / "c3")
+    _equal(_batches(fl.Loader(whole, **kw), 0), _batches(local_loader, 0))
+    assert whole._fetcher._files.pin_bound == 2**31 - 1
     # In random order a step reads all 8 shards together: the same cache is refused.
     with pytest.raises(ValueError, match=r"one step reads \d+ bytes of shards \(step \d+ reads 8 shards together\)"):
         fl.Loader(ds, batch_size=1000, shuffle=True, seed=3)

@@ -25,6 +25,7 @@ from .client import Client
 
 _INF = np.iinfo(np.int64).max
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
+_NO_PIN_BOUND = (1 << 31) - 1  # LazyFiles.pin_bound when the cache holds every file
 _DEMAND_PATIENCE = 0.25  # seconds it waits for other threads' reads before evicting a file they need
 _RESCAN_S = 1.0  # the cache folder is walked at most this often (see _scan_locked)
 _NEXT_EPOCH_SHARE = 8  # the next epoch's shards are prefetched up to limit / this (at least a shard)
@@ -173,8 +174,11 @@ class Fetcher:
                              f"at once ({need} bytes for the {threads} largest): raise cache_limit to at least "
                              f"{need} bytes, or pass num_threads={max(1, fit)}")
         # The most files each thread may pin: the largest files of all threads' pins fit the limit.
+        # A cache that holds every file needs no bound (a batch of a cached epoch pins its ~100
+        # distinct files in one go).
         largest_first = np.cumsum(np.sort(np.array([e.size for e in self.entries], dtype=np.int64))[::-1])
-        bound = max(1, int(np.searchsorted(largest_first, self.limit, side="right")) // threads)
+        fit = int(np.searchsorted(largest_first, self.limit, side="right"))
+        bound = _NO_PIN_BOUND if fit >= len(self.entries) else max(1, fit // threads)
         with self._cond:
             self._pin_bound = bound if self._pin_bound is None else min(self._pin_bound, bound)
             if self._files is not None:
