@@ -261,7 +261,7 @@ class DistinctFiles {
 
   DistinctFiles() { std::fill(std::begin(key_), std::end(key_), -1); }
 
-  // Rows of per_row files each: want[r * per_row + j] is row r's j-th file. Takes rows from the
+  // Rows of per_row (1 or 2) files each: want[r * per_row + j] is row r's j-th file. Takes rows from the
   // first while their files are at most `bound` distinct ones (the first row always), and returns
   // how many; ids[0, distinct) = those files, rows[k] = the rows taken that read ids[k], and
   // index[e] = where want[e] is in ids for the entries taken.
@@ -272,11 +272,13 @@ class DistinctFiles {
     int64_t r = 0;
     for (; r < n; ++r) {
       const int32_t* files = want + r * per_row;
-      int fresh = 0;  // of this row's files, those not seen in the run yet
-      for (int j = 0; j < per_row; ++j) fresh += find(files[j]) < 0 && (j == 0 || files[j] != files[0]);
+      // Of this row's files (one or two), those not seen in the run yet: one probe for the first,
+      // whose slot stays valid until it is filled below.
+      const uint32_t first = slot_of(files[0]);
+      const int fresh = (key_[first] == -1) + (per_row == 2 && files[1] != files[0] && find(files[1]) < 0);
       if (r > 0 && distinct + fresh > bound) break;
       for (int j = 0; j < per_row; ++j) {
-        const uint32_t h = slot_of(files[j]);
+        const uint32_t h = j == 0 ? first : slot_of(files[j]);
         if (key_[h] == -1) {
           key_[h] = files[j];
           slot_[h] = static_cast<int16_t>(distinct);
