@@ -145,10 +145,11 @@ class Fetcher:
         """Makes this fetcher the provider of the native LazyFiles (one per source). The provider
         holds the fetcher weakly: the fetcher holds the LazyFiles, and a cycle through the native
         object would keep both (and the prefetch thread) alive for good."""
-        self._files = lazy_files
-        self._count_reads_from_now_locked()
-        if self._pin_bound is not None and hasattr(lazy_files, "pin_bound"):
-            lazy_files.pin_bound = self._pin_bound
+        with self._cond:
+            self._files = lazy_files
+            self._count_reads_from_now_locked()
+            if self._pin_bound is not None and hasattr(lazy_files, "pin_bound"):
+                lazy_files.pin_bound = self._pin_bound
         ref = weakref.ref(self)
 
         def provide(i: int) -> tuple[int, int, int, int]:
