@@ -119,6 +119,17 @@ def test_the_stall_hint_names_the_step_when_copies_wait_for_the_gpu(collating, c
     assert "raise streams" in _C._stall_advice(0.1, 0.9, num_threads=3, streams=2, prefetch=8, releasing=0.5)
 
 
+@pytest.mark.parametrize("fetch_share, knob", [(0.8, "waited for object storage 80% of their time"),
+                                               (0.3, "collation is the bottleneck (3 threads)")])
+def test_the_stall_hint_tells_downloads_from_collation(fetch_share, knob):
+    # A remote source's collation threads wait inside the gather for files being fetched: that
+    # time is theirs, but the knob is not num_threads when most of it was spent on downloads.
+    from fastload import _C
+    advice = _C._stall_advice(0.95, 0.0, num_threads=3, streams=2, prefetch=8, fetch_share=fetch_share)
+    assert knob in advice, advice
+    assert ("num_threads" in advice) == (fetch_share < 0.5)
+
+
 def test_stats_repr_is_a_table():
     loader = fl.Loader(fl.Dataset({"x": np.arange(10)}), 5, device="cpu")
     list(loader)

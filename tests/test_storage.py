@@ -4,6 +4,7 @@ read from s3:// equal those of the same dataset read locally, the cache is bound
 epoch 2 over a cached dataset sends no GET, faults are retried and reported by URL."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -238,6 +239,25 @@ def test_a_batch_straddling_two_windows_needs_a_cache_of_one_window(remote_block
     with pytest.raises(ValueError, match=rf"cache_limit is {int(1.5 * shard)} bytes, but 2 collation threads each "
                                          r"read a shard at once \(\d+ bytes for the 2 largest\).*num_threads=1"):
         fl.Loader(two, batch_size=64, order="block", num_threads=2)
+
+
+def test_the_stall_hint_names_object_storage_when_downloads_are_slow(s3_server, s3_proxy, tmp_path, caplog):
+    # 300 shards of 64 rows, each GET delayed, one request at a time: the loop waits for data
+    # while the collation threads wait inside the gather for fetches. The hint says so, instead
+    # of telling the user to raise num_threads.
+    endpoint = s3_server[0]
+    local = tmp_path / "many"
+    fl.write_dataset(local, {"y": np.arange(300 * 64)}, rows_per_shard=64, fsync=False)
+    bucket = _bucket(endpoint)
+    _upload_dir(endpoint, bucket, "many", local)
+    s3_proxy.arm("delay", match=".npy", times=10_000, delay=0.01)
+    ds = fl.Dataset.open(f"s3://{bucket}/many", storage_options=_opts(s3_proxy.url, max_concurrency=1),
+                         cache_dir=tmp_path / "cache")
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        n = sum(len(b["y"]) for b in fl.Loader(ds, batch_size=64, num_threads=2))
+    assert n == 300 * 64
+    hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
+    assert len(hints) == 1 and "waited for object storage" in hints[0] and "num_threads" not in hints[0], hints
 
 
 def test_cache_smaller_than_one_step_is_an_error_naming_both(remote_blocks, s3_server, tmp_path):

@@ -48,7 +48,7 @@ void register_testing(py::module_& m) {
   // branch without having to make a real loop stall for each reason.
   m.def("_stall_advice", &stall_advice, py::arg("collating"), py::arg("copying"), py::arg("num_threads"),
         py::arg("streams"), py::arg("prefetch"), py::arg("user_share") = -1.0, py::arg("processes") = false,
-        py::arg("releasing") = 0.0);
+        py::arg("releasing") = 0.0, py::arg("fetch_share") = 0.0);
 }
 
 }  // namespace fastload

@@ -2,6 +2,7 @@
 #include "core/lazy_mappings.h"
 
 #include "core/fork_guard.h"
+#include "core/stage_times.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -221,7 +223,9 @@ const std::byte* LazyFiles::pin_locked(std::unique_lock<std::mutex>& lock, int32
       return static_cast<const std::byte*>(s.addr) + f.offset;
     }
     if (s.state == Slot::kMapping) {  // another thread maps it: use its mapping
+      const auto t0 = std::chrono::steady_clock::now();
       c.mapped_cv_.wait(lock, [&] { return s.state != Slot::kMapping; });
+      if (provider_) t_fetch_wait_ns += StageTimes::since(t0);  // that thread was fetching it
       continue;
     }
     // Not mapped: map it here, without the lock; the slot is live and pinned meanwhile.
@@ -245,7 +249,7 @@ const std::byte* LazyFiles::pin_locked(std::unique_lock<std::mutex>& lock, int32
         // fetches it back. What the provider throws is not retried.
         for (int attempt = 1;; ++attempt) {
           try {
-            m = map_checked(f, provider_(i));
+            m = map_checked(f, fetched(i));
             break;
           } catch (const std::invalid_argument&) {
             if (attempt == 3) throw;
@@ -272,6 +276,15 @@ const std::byte* LazyFiles::pin_locked(std::unique_lock<std::mutex>& lock, int32
     c.mapped_cv_.notify_all();
     return static_cast<const std::byte*>(s.addr) + f.offset;
   }
+}
+
+FileIdentity LazyFiles::fetched(int32_t i) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Count {  // the time counts whether the provider returns or throws
+    std::chrono::steady_clock::time_point t0;
+    ~Count() { t_fetch_wait_ns += StageTimes::since(t0); }
+  } count{t0};
+  return provider_(i);
 }
 
 void LazyFiles::unpin_locked(int32_t i, MappingCache::Victims& victims) {

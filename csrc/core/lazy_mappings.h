@@ -134,6 +134,7 @@ class LazyFiles {
 
  private:
   const std::byte* pin_locked(std::unique_lock<std::mutex>& lock, int32_t i);
+  FileIdentity fetched(int32_t i);  // provider_(i), its time added to t_fetch_wait_ns (stage_times.h)
   void unpin_locked(int32_t i, MappingCache::Victims& victims);
 
   std::shared_ptr<MappingCache> cache_;

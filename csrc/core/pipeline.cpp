@@ -115,6 +115,11 @@ int64_t Pipeline::ready_count_locked(const Output& o) const {
   return n;
 }
 
+int64_t Pipeline::fetch_wait_ns() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return fetch_wait_ns_;
+}
+
 StageTimes Pipeline::collation_times() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return collation_;
@@ -251,6 +256,7 @@ void Pipeline::work(int thread) {
     Batch batch;
     std::exception_ptr failure;
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t fetch_wait0 = t_fetch_wait_ns;
     try {
       build(output, step, thread, scratch, &batch);
     } catch (...) {
@@ -260,6 +266,7 @@ void Pipeline::work(int thread) {
     if (failure) batch = Batch();  // buffers back to their pools, outside mutex_
     lock.lock();
     collation_.record(took);
+    fetch_wait_ns_ += t_fetch_wait_ns - fetch_wait0;
     Output& o = *outputs_[output];
     if (failure) {
       fail_locked("fastload collation thread failed on batch " + std::to_string(step) +

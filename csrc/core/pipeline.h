@@ -99,6 +99,8 @@ class Pipeline {
   int64_t ready_count(int output) const;
   // How long building each batch took (ids and gather, one thread).
   StageTimes collation_times() const;
+  // Of that, the time the collation threads waited for files to be fetched (object storage).
+  int64_t fetch_wait_ns() const;
 
  private:
   struct Slot {
@@ -155,6 +157,7 @@ class Pipeline {
   bool cancelled_ = false;
   std::exception_ptr error_;  // the first worker failure, as a CollationError
   StageTimes collation_;
+  int64_t fetch_wait_ns_ = 0;
 };
 
 }  // namespace fastload

@@ -7,6 +7,11 @@
 
 namespace fastload {
 
+// Time the calling thread has waited, inside a stage, for a file to be fetched (the provider of
+// a lazily mapped file: object storage). The collation loop reads it around each batch, so that
+// a stall hint can tell downloads from collation (both are the collation threads' time).
+inline thread_local int64_t t_fetch_wait_ns = 0;
+
 class StageTimes {
  public:
   void record(int64_t ns) {

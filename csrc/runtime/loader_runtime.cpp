@@ -110,6 +110,7 @@ std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user
   const double collation_ns = static_cast<double>(run.pipeline->collation_times().total_ns());
   const double collating = collation_ns / (wall * std::max(1, engine_->num_threads()));
   const double user_share = user_ns < 0 ? -1.0 : static_cast<double>(user_ns) / std::max(1.0, collation_ns);
+  const double fetch_share = static_cast<double>(run.pipeline->fetch_wait_ns()) / std::max(1.0, collation_ns);
   // Copy time is the copies' own GPU time; the time they waited for memory the consumer's work
   // had not released yet is counted apart (it is the training step's time, not the loader's).
   double copying = 0, releasing = 0;
@@ -119,7 +120,8 @@ std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user
     releasing = std::max(releasing, static_cast<double>(t->release_wait_ns()) / wall);
   }
   const std::string knob =
-      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes, releasing);
+      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes, releasing,
+                   fetch_share);
   const std::string waited = std::to_string(static_cast<int>(share * 100)) + "% of the time over the last " +
                              std::to_string(RunStats::kWindow) + " batches";
   if (step_bound(releasing))

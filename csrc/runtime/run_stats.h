@@ -61,9 +61,11 @@ inline constexpr double kBusyShare = 0.7;
 inline bool step_bound(double releasing) { return releasing > kBusyShare; }
 
 // user_share: of the collation time, the share spent in a Python dataset's own code (negative for
-// array sources); processes: whether that code runs in worker processes already.
+// array sources); processes: whether that code runs in worker processes already; fetch_share: of
+// the collation time, the share spent waiting for files from object storage.
 inline std::string stall_advice(double collating, double copying, int num_threads, int streams, int64_t prefetch,
-                                double user_share = -1.0, bool processes = false, double releasing = 0.0) {
+                                double user_share = -1.0, bool processes = false, double releasing = 0.0,
+                                double fetch_share = 0.0) {
   if (step_bound(releasing))
     return "the copies of the next batches waited " + std::to_string(static_cast<int>(releasing * 100)) +
            "% of the time for your training step's GPU work to release batch memory: the training step is the "
@@ -74,6 +76,11 @@ inline std::string stall_advice(double collating, double copying, int num_thread
            "% of the workers' time): raise num_workers (now " + std::to_string(num_threads) + ")" +
            (processes ? std::string("") : std::string(", or use workers='processes' if that code is pure Python "
                                                       "(threads share one GIL)"));
+  if (collating > kBusyShare && fetch_share > 0.5)
+    return "the collation threads waited for object storage " + std::to_string(static_cast<int>(fetch_share * 100)) +
+           "% of their time: downloads are the bottleneck, not collation (a cache_limit that holds the dataset "
+           "makes later epochs read the local cache; more requests in flight: storage_options={'max_concurrency': "
+           "...}; see loader.stats().storage)";
   if (collating > kBusyShare)
     return "collation is the bottleneck (" + std::to_string(num_threads) +
            " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
