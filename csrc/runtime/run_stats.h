@@ -80,7 +80,7 @@ inline std::string stall_advice(double collating, double copying, int num_thread
     return "the collation threads waited for object storage " + std::to_string(static_cast<int>(fetch_share * 100)) +
            "% of their time: downloads are the bottleneck, not collation (a cache_limit that holds the dataset "
            "makes later epochs read the local cache; more requests in flight: storage_options={'max_concurrency': "
-           "...}; see loader.stats().storage)";
+           "...})";
   if (collating > kBusyShare)
     return "collation is the bottleneck (" + std::to_string(num_threads) +
            " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
