@@ -509,6 +509,7 @@ class Fetcher:
             span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
             next_epoch = 0  # of which the next epoch's
             started = 0
+            done = self._reads_done_locked()
             for k, when in zip(ahead, needed_at):
                 span += int(self.shard_bytes[k])
                 if span > self.limit:
@@ -517,9 +518,12 @@ class Fetcher:
                     next_epoch += int(self.shard_bytes[k])
                     if next_epoch > max(self.limit // _NEXT_EPOCH_SHARE, int(self.shard_bytes.max())):
                         break
+                reads = self._occ_start[k + 1] - self._occ_start[k]  # of shard k in the window
                 for i in self.shard_files[k]:
                     if self._fetching[i] or i in on_disk:
                         continue
+                    if done is not None and done[i] >= reads:
+                        continue  # this column's reads are done; another column of the shard is still read
                     size = self.entries[i].size
                     if in_flight >= self.client.concurrency or (inflight_bytes and inflight_bytes + size > self.max_inflight):
                         return 0.02
