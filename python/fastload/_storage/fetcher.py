@@ -499,7 +499,8 @@ class Fetcher:
             start = int(np.searchsorted(self._at, at, side="left"))
             if self._idle == (start, self._changed):
                 return 0.1  # the last round found nothing to do, and nothing has changed since
-            ahead, needed_at = self._ahead_locked(start)
+            done = self._reads_done_locked()  # once a round: a walk of every file's count
+            ahead, needed_at = self._ahead_locked(start, done)
             if not len(ahead):
                 return 0.2
             self._rounds += 1
@@ -509,7 +510,6 @@ class Fetcher:
             span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
             next_epoch = 0  # of which the next epoch's
             started = 0
-            done = self._reads_done_locked()
             for k, when in zip(ahead, needed_at):
                 span += int(self.shard_bytes[k])
                 if span > self.limit:
@@ -545,14 +545,14 @@ class Fetcher:
         removes is seen at the next walk of the folder, and the plan is asked for again)."""
         return len(self._scan_locked()) == len(self.entries)
 
-    def _ahead_locked(self, start: int) -> tuple[list[int], list[int]]:
+    def _ahead_locked(self, start: int, done: np.ndarray | None) -> tuple[list[int], list[int]]:
         """The shards the plan reads from index `start` of the window on, in the order of their
         next read, and the step of that read: one searchsorted over the shards, not a pass over
-        the window's samples."""
+        the window's samples. `done` (_reads_done_locked): reads the collation threads did ahead
+        of the consumer are not ahead."""
         n = len(self._seq) + 1
         shards = np.arange(len(self.shard_files), dtype=np.int64)
         at = np.searchsorted(self._occ_keys, shards * n + start)
-        done = self._reads_done_locked()
         if done is not None:  # reads the collation threads did ahead of the consumer are not ahead
             least = np.full(len(shards), np.iinfo(np.int64).max, dtype=np.int64)
             np.minimum.at(least, self.shard_of_file, done)  # a shard is read while one of its files is
