@@ -33,10 +33,10 @@ BUCKET = "bench-remote"
 
 
 def _start_server() -> tuple[subprocess.Popen, str]:
+    """moto's server, with ranged GETs that read their bytes only (s3_counting_server.py)."""
     import remote_peers  # the bench folder is on sys.path (main())
 
-    return remote_peers.start_server(lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                                   "-p", str(port)])
+    return remote_peers.start_server()
 
 
 def _remove(path: str) -> None:

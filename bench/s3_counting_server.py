@@ -4,6 +4,8 @@ counted where they leave, whatever client the loader uses and however many proce
 
     python bench/s3_counting_server.py PORT
 
+Ranged GETs read only their bytes (moto_ranges.py), as S3 does.
+
 GET /_bench/counts answers JSON: object GETs (a GET of /bucket/key), their body bytes, and all
 requests; GET /_bench/reset zeroes them. The counter only wraps the body iterator, so it adds no
 copy. Loopback only."""
@@ -62,6 +64,10 @@ def main() -> None:
 
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
+
+    import moto_ranges  # this folder is on sys.path (the script's own)
+
+    moto_ranges.patch()  # a ranged GET reads its bytes only, as S3 does (see moto_ranges.py)
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request would cost more than the count
     port = int(sys.argv[1])

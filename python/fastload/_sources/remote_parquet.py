@@ -103,8 +103,9 @@ class _Versioned:
     def __init__(self, client: Client, versions: Mapping[str, str]):
         self._client, self._versions = client, versions
 
-    def get(self, url: Url, out: Any, expected: int | None = None, check: BodyCheck | None = None) -> int:
-        return self._client.get(url, out, expected, check, version=self._versions.get(str(url)) or None)
+    def get(self, url: Url, out: Any, expected: int | None = None, check: BodyCheck | None = None,
+            parts: bool = True) -> int:
+        return self._client.get(url, out, expected, check, version=self._versions.get(str(url)) or None, parts=parts)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

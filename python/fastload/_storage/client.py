@@ -20,7 +20,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
+from .cache import parse_size
 from .credentials import aws_chain, obstore_s3_provider
+from .parts import DEFAULT_PART_SIZE, PartPool, get_in_parts, part_count
 from .urls import Url
 
 T = TypeVar("T")
@@ -30,9 +32,9 @@ _CHUNK = 8 << 20
 SECRET_OPTIONS = frozenset({"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key",
                             "aws_session_token", "headers"})
 _S3_OPTIONS = frozenset({"endpoint_url", "region_name", "profile", "anon", "max_attempts", "connect_timeout",
-                         "read_timeout", "max_concurrency", "backoff", "max_backoff", "client"}) | SECRET_OPTIONS
+                         "read_timeout", "max_concurrency", "backoff", "max_backoff", "client", "part_size"}) | SECRET_OPTIONS
 _HTTP_OPTIONS = frozenset({"headers", "max_attempts", "connect_timeout", "read_timeout", "max_concurrency",
-                           "backoff", "max_backoff"})
+                           "backoff", "max_backoff", "part_size"})
 
 
 class FetchError(OSError):
@@ -112,12 +114,38 @@ def _policy(options: Mapping[str, Any]) -> RetryPolicy:
                        float(options.get("max_backoff", RetryPolicy.max_backoff)))
 
 
+def configure_parts(client: "Client", options: Mapping[str, Any], default: int) -> None:
+    """storage_options['part_size']: objects of at least two parts are fetched as ranged GETs
+    of this size in parallel (parts.py); 0 fetches every object whole. Without it, the fetcher
+    splits objects only where whole ones would leave requests unused (fetcher.py)."""
+    value = options.get("part_size", default)
+    client.part_size = 0 if value == 0 else parse_size(value, "storage_options['part_size']")
+    client.parts_always = client.part_size > 0 and "part_size" in options  # else the fetcher splits where it helps
+    client.parts = PartPool(client.concurrency)
+
+
 class Client:
     """What the cache and the sources need of a store."""
 
     policy: RetryPolicy
     concurrency: int
     requests: int  # GETs sent (attempts included): the counter tests and stats read
+    part_size: int = 0  # configure_parts
+    parts_always = False  # part_size was given: every object of two parts or more is split
+    parts: PartPool
+
+    def requests_for(self, size: int) -> int:
+        """How many requests an object of `size` bytes takes at once (its parts)."""
+        return min(part_count(size, self.part_size), max(1, self.concurrency))
+
+    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
+            check: BodyCheck | None = None, version: str | None = None, parts: bool = True) -> int:
+        """The whole object written to `out` (see get_whole); with `parts`, an object of
+        `expected` bytes of at least two parts as ranged GETs in parallel (parts.py)."""
+        if parts and expected is not None and part_count(expected, self.part_size) > 1:
+            return get_in_parts(self, url, out, expected, check, version)
+        return self.get_whole(url, out, expected, check, version)
+
 
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
         """(object, bytes, version tag) of every object under the prefix, in name order. The tag
@@ -129,9 +157,9 @@ class Client:
         """(bytes, version tag) of one object."""
         raise NotImplementedError
 
-    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None, version: str | None = None) -> int:
-        """The whole object written to `out` (retried from the start on a transient failure, `out`
+    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
+                  check: BodyCheck | None = None, version: str | None = None) -> int:
+        """The whole object written to `out` in one GET (retried from the start on a transient failure, `out`
         rewound); returns its bytes. A body shorter or longer than `expected`, or one that
         `check` refuses (a checksum), is fetched again. With `version` (the tag list or stat
         gave), an object rewritten since is ObjectChanged, never its new bytes."""
@@ -139,6 +167,11 @@ class Client:
 
     def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
         """Bytes [start, end) of the object (a short answer is fetched again)."""
+        return bytes(self.read_range(url, start, end, version)[0])
+
+    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
+        """get_range's bytes as a buffer (the client's own where it can, not a copy), and the
+        object's size as the answer gave it (Content-Range; None where the server did not say)."""
         raise NotImplementedError
 
 
@@ -193,8 +226,10 @@ class S3Client(Client):
         opts = _check_options(options, _S3_OPTIONS, "s3")
         self.policy = _policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
+        configure_parts(self, opts, DEFAULT_PART_SIZE)
         config = botocore.config.Config(
-            retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=self.concurrency,
+            # A connection for each request at once: the parts (parts.py) and the whole GETs.
+            retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=2 * self.concurrency,
             connect_timeout=float(opts.get("connect_timeout", 10)), read_timeout=float(opts.get("read_timeout", 60)),
             signature_version=UNSIGNED if opts.get("anon") else None)
         key = opts.get("key", opts.get("aws_access_key_id"))
@@ -291,7 +326,7 @@ class S3Client(Client):
         return int(head["ContentLength"]), str(head.get("ETag", ""))
 
     def _get(self, url: Url, out: BinaryIO, expected: int | None, check: BodyCheck | None, version: str | None,
-             range_: str | None = None) -> int:
+             range_: str | None = None, answer: dict | None = None) -> int:
         import urllib3.exceptions  # noqa: PLC0415 - botocore's transport
 
         args = {"Bucket": url.bucket, "Key": url.key}
@@ -303,6 +338,8 @@ class S3Client(Client):
         def once(s3: Any) -> int:
             self._count()
             resp = s3.get_object(**args)
+            if answer is not None:
+                answer["total"] = range_total(resp.get("ContentRange"))
             body = resp["Body"]
             try:
                 return _write_body(body.read, out, expected, url, check)
@@ -313,14 +350,14 @@ class S3Client(Client):
 
         return self._call(url, "GET", once, version)
 
-    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None, version: str | None = None) -> int:
+    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
+                  check: BodyCheck | None = None, version: str | None = None) -> int:
         return self._get(url, out, expected, check, version)
 
-    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
-        buf = io.BytesIO()
-        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}")
-        return buf.getvalue()
+    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
+        buf, answer = io.BytesIO(), {}
+        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}", answer)
+        return buf.getbuffer(), answer["total"]
 
 
 class HttpClient(Client):
@@ -331,6 +368,7 @@ class HttpClient(Client):
         opts = _check_options(options, _HTTP_OPTIONS, "http(s)")
         self.policy = _policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
+        configure_parts(self, opts, 0)  # a server may ignore Range and send it all: parts only when asked
         self._headers = dict(opts.get("headers") or {})
         self._timeout = float(opts.get("read_timeout", 60))
         self._lock = threading.Lock()
@@ -360,8 +398,8 @@ class HttpClient(Client):
 
         return self.policy.run("HEAD", url, once)
 
-    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None, version: str | None = None) -> int:
+    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
+                  check: BodyCheck | None = None, version: str | None = None) -> int:
         def once() -> int:
             with self._lock:
                 self.requests += 1
@@ -370,20 +408,20 @@ class HttpClient(Client):
 
         return self.policy.run("GET", url, once)
 
-    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
-        def once() -> bytes:
+    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
+        def once() -> tuple[Any, int | None]:
             with self._lock:
                 self.requests += 1
             buf = io.BytesIO()
             with self._open(url, "GET", {"Range": f"bytes={start}-{end - 1}"}, version) as r:
                 if r.status == 206:
                     read_response(r, buf, end - start, url, None)
-                    return buf.getvalue()
+                    return buf.getbuffer(), range_total(r.headers.get("Content-Range"))
                 read_response(r, buf, None, url, None)  # a server without ranges sends it all
-            data = buf.getbuffer()[start:end]
-            if len(data) != end - start:
-                raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
-            return bytes(data)
+            data = buf.getbuffer()
+            if len(data) < end:
+                raise _Transient(f"truncated body: {len(data) - start} of {end - start} bytes")
+            return data[start:end], len(data)
 
         return self.policy.run("GET", url, once)
 
@@ -438,6 +476,7 @@ class ObstoreS3Client(Client):
         self._obstore, self._store_type = obstore, S3Store
         self.policy = _policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
+        configure_parts(self, opts, DEFAULT_PART_SIZE)
         endpoint = opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self._config: dict[str, Any] = {}
         if endpoint:
@@ -534,8 +573,8 @@ class ObstoreS3Client(Client):
         meta = self._call(url, "HEAD", lambda store: self._obstore.head(store, url.key))
         return int(meta["size"]), str(meta.get("e_tag") or "")
 
-    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None, version: str | None = None) -> int:
+    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
+                  check: BodyCheck | None = None, version: str | None = None) -> int:
         options = {"if_match": version} if version is not None else None
 
         def run(store: Any) -> int:
@@ -546,20 +585,27 @@ class ObstoreS3Client(Client):
 
         return self._call(url, "GET", run, version)
 
-    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
         options: dict[str, Any] = {"range": (start, end)}
         if version is not None:
             options["if_match"] = version
 
-        def run(store: Any) -> bytes:
+        def run(store: Any) -> tuple[Any, int | None]:
             with self._lock:
                 self.requests += 1
-            data = bytes(self._obstore.get(store, url.key, options=options).bytes())
+            result = self._obstore.get(store, url.key, options=options)
+            data = result.bytes()  # obstore's own buffer: no copy
             if len(data) != end - start:
                 raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
-            return data
+            return data, int(result.meta["size"])  # the object's (object_store reads Content-Range)
 
         return self._call(url, "GET", run, version)
+
+
+def range_total(content_range: str | None) -> int | None:
+    """The object's size from a Content-Range header ("bytes 0-99/1234"); None if unknown."""
+    total = (content_range or "").rpartition("/")[2].strip()
+    return int(total) if total.isdigit() else None
 
 
 def _label(text: str, fallback: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import os
 import threading
 import time
@@ -94,6 +95,18 @@ class Fetcher:
             self.shard_of_file[files] = k
         self.shard_bytes = np.array([sum(self.entries[i].size for i in f) for f in self.shard_files], dtype=np.int64)
         self.max_inflight = max_inflight_bytes or max(int(self.shard_bytes.max()), min(limit // 4, 1 << 30))
+        # Large files come in ranged parts (parts.py) when the bytes in flight hold fewer whole
+        # files than the requests allowed at once (a small cache of large shards): the same bytes
+        # as more requests. Otherwise whole, one request each (on a server of 2 CPUs, parts cost
+        # more than they gain when whole files already fill the requests: bench/RESULTS.md), unless
+        # storage_options['part_size'] asks for parts. The bound on requests counts parts.
+        largest = max((e.size for e in self.entries), default=1)
+        self._in_parts = hasattr(client, "requests_for") and client.part_size > 0 and (
+            client.parts_always or self.max_inflight // max(1, largest) < client.concurrency)
+        self._requests_of = np.array([client.requests_for(e.size) if self._in_parts else 1 for e in self.entries],
+                                     dtype=np.int64)
+        self._get: Callable[..., int] = functools.partial(client.get, parts=self._in_parts) \
+            if hasattr(client, "requests_for") else client.get
         self._by_rel = {e.rel: i for i, e in enumerate(self.entries)}
         self._cond = threading.Condition()
         self._fetching = np.zeros(len(self.entries), dtype=bool)
@@ -230,7 +243,7 @@ class Fetcher:
             self._active += 1
         ok = False
         try:
-            st, n = self.cache.fetch(entry, self.client.get)
+            st, n = self.cache.fetch(entry, self._get)
             ok = True
         finally:
             with self._cond:
@@ -444,20 +457,9 @@ class Fetcher:
             if pool is None or self._ready:  # once: later Loaders find the threads there (maybe busy)
                 return
             self._ready = True
-        started = threading.Barrier(n + 1)
-
-        def arrive() -> None:
-            try:
-                started.wait(timeout=5)
-            except threading.BrokenBarrierError:
-                pass
-
-        for _ in range(n):  # each waits for the others: the pool starts a thread for each
-            pool.submit(arrive)
-        try:
-            started.wait(timeout=5)
-        except threading.BrokenBarrierError:
-            pass
+        _start_threads(pool, n)
+        if int(self._requests_of.max()) > 1:  # files fetched in parts: their pool too
+            _start_threads(self.client.parts.get(), n)
 
     def _ensure_thread_locked(self) -> None:
         if self._thread is None and not self._stopped:
@@ -504,7 +506,7 @@ class Fetcher:
             if not len(ahead):
                 return 0.2
             self._rounds += 1
-            in_flight = int(self._fetching.sum())
+            in_flight = int(self._requests_of[self._fetching].sum())  # requests, a file's parts each
             inflight_bytes = self._reserved
             on_disk = self._scan_locked()
             span = 0  # bytes of the distinct shards from pos up to the candidate: over the limit, stop
@@ -524,13 +526,14 @@ class Fetcher:
                         continue
                     if done is not None and done[i] >= reads:
                         continue  # this column's reads are done; another column of the shard is still read
-                    size = self.entries[i].size
-                    if in_flight >= self.client.concurrency or (inflight_bytes and inflight_bytes + size > self.max_inflight):
+                    size, requests = self.entries[i].size, int(self._requests_of[i])
+                    if in_flight and (in_flight + requests > self.client.concurrency
+                                      or inflight_bytes + size > self.max_inflight):
                         return 0.02
                     if not self._make_room_locked(size, demand=False, needed_at=when):
                         return 0.05
                     self._fetching[i] = True
-                    in_flight += 1
+                    in_flight += requests
                     inflight_bytes += size
                     started += 1
                     assert self._pool is not None
@@ -582,6 +585,25 @@ class Fetcher:
             if self._active:
                 s.fetch_busy_s += time.monotonic() - self._busy_since
         return s
+
+
+def _start_threads(pool: concurrent.futures.ThreadPoolExecutor, n: int) -> None:
+    """Makes the pool start its n threads now: each task waits for the others, so the pool
+    starts a thread for each."""
+    started = threading.Barrier(n + 1)
+
+    def arrive() -> None:
+        try:
+            started.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+
+    for _ in range(n):
+        pool.submit(arrive)
+    try:
+        started.wait(timeout=5)
+    except threading.BrokenBarrierError:
+        pass
 
 
 def _prefetch_loop(ref: "weakref.ref[Fetcher]") -> None:

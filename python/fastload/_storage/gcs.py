@@ -17,15 +17,17 @@ import threading
 import urllib.parse
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
-from .client import (BodyCheck, Client, Refused, _check_options, _policy, _refused, http_open, read_response)
+from .client import (BodyCheck, Client, Refused, _check_options, _policy, _refused, configure_parts, http_open,
+                     range_total, read_response)
 from .credentials import BearerTokens, google_chain
+from .parts import DEFAULT_PART_SIZE
 from .urls import Url
 
 T = TypeVar("T")
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 _OPTIONS = frozenset({"endpoint_url", "anon", "token", "max_attempts", "connect_timeout", "read_timeout",
-                      "max_concurrency", "backoff", "max_backoff"})
+                      "max_concurrency", "backoff", "max_backoff", "part_size"})
 
 
 class GcsClient(Client):
@@ -37,6 +39,7 @@ class GcsClient(Client):
         opts = _check_options(options, _OPTIONS, "gs")
         self.policy = _policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
+        configure_parts(self, opts, DEFAULT_PART_SIZE)
         self._timeout = float(opts.get("read_timeout", 60))
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         endpoint = opts.get("endpoint_url") or emulator or DEFAULT_ENDPOINT
@@ -116,7 +119,7 @@ class GcsClient(Client):
         return int(meta["size"]), str(meta.get("generation", ""))
 
     def _get(self, url: Url, out: BinaryIO, expected: int | None, check: BodyCheck | None, version: str | None,
-             range_: str | None) -> int:
+             range_: str | None, answer: dict | None = None) -> int:
         target = self._target(url, True, {"ifGenerationMatch": version} if version else None)
 
         def fn(headers: dict[str, str]) -> int:
@@ -124,17 +127,19 @@ class GcsClient(Client):
                 self.requests += 1
             more = {**headers, "Range": range_} if range_ else headers
             with http_open(target, "GET", more, self._timeout, url, version) as r:
+                if answer is not None:
+                    answer["total"] = range_total(r.headers.get("Content-Range"))
                 return read_response(r, out, expected, url, check)
 
         return self._call("GET", url, fn)
 
-    def get(self, url: Url, out: BinaryIO, expected: int | None = None,
-            check: BodyCheck | None = None, version: str | None = None) -> int:
+    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
+                  check: BodyCheck | None = None, version: str | None = None) -> int:
         return self._get(url, out, expected, check, version, None)
 
-    def get_range(self, url: Url, start: int, end: int, version: str | None = None) -> bytes:
+    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
         import io  # noqa: PLC0415
 
-        buf = io.BytesIO()
-        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}")
-        return buf.getvalue()
+        buf, answer = io.BytesIO(), {}
+        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}", answer)
+        return buf.getbuffer(), answer["total"]

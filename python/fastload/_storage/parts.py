@@ -1,0 +1,108 @@
+"""A large object fetched as ranged GETs in parallel, each part written at its offset of the
+cache's temporary file.
+
+Why: the fetcher bounds the bytes in flight (they are reserved in the cache), and a small cache
+of large shards (64 MiB shards, a 500 MB cache) leaves room for one or two whole objects in
+flight: one or two connections, where object storage serves each at a fraction of a node's
+bandwidth. Split into parts, the same bytes in flight are many requests, as s5cmd and boto3's
+transfer manager do. Each part is retried on its own (a truncated part is fetched again); the
+whole object is then checked once, read back from the page cache in order, and fetched again
+if the check refuses it. Every part carries the object's version, so a rewrite between parts is
+an ObjectChanged error, never a file of two versions."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from typing import TYPE_CHECKING, BinaryIO
+
+if TYPE_CHECKING:
+    from .client import BodyCheck, Client
+    from .urls import Url
+
+DEFAULT_PART_SIZE = 16 << 20
+_READ_BACK = 8 << 20  # the check reads the assembled file back in chunks of this size
+
+
+def part_count(size: int, part_size: int) -> int:
+    """How many requests an object of `size` bytes takes (1: fetched whole). An object under
+    two parts is fetched whole: a part is not worth its request below that."""
+    if part_size <= 0 or size < 2 * part_size:
+        return 1
+    return -(-size // part_size)
+
+
+class PartPool:
+    """The threads that run one client's part requests: as many as its max_concurrency. A
+    thread that fetches a whole file (the fetcher's, or a collation thread on demand) waits
+    here while its parts run, so parts never wait for the threads that wait for them."""
+
+    def __init__(self, threads: int):
+        self._threads = max(1, threads)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="fastload-part")
+            return self._pool
+
+
+def get_in_parts(client: "Client", url: "Url", out: BinaryIO, size: int, check: "BodyCheck | None",
+                 version: str | None) -> int:
+    """The object of `size` bytes written to `out` by part_count(size) ranged GETs at once;
+    its bytes. Raises what a part raised after its retries (naming the URL), and a FetchError
+    once the check has refused the assembled object `client.policy.attempts` times."""
+    from .client import _Transient  # noqa: PLC0415 - client.py imports this module
+
+    part_size = client.part_size
+    bounds = [(a, min(a + part_size, size)) for a in range(0, size, part_size)]
+    fd = out.fileno()
+
+    def fetch_part(start: int, end: int) -> None:
+        data, total = client.read_range(url, start, end, version)
+        if total is not None and total != size:  # a whole GET finds this by the body's length
+            raise _Transient(f"the object has {total} bytes, not {size}")
+        view = memoryview(data)
+        while len(view):  # pwrite may write less than asked
+            view = view[os.pwrite(fd, view, start):]
+            start = end - len(view)
+
+    def once() -> int:
+        out.seek(0)
+        out.truncate()
+        pool = client.parts.get()
+        futures = [pool.submit(fetch_part, a, b) for a, b in bounds]
+        done, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+        concurrent.futures.wait(pending)  # the running ones write to `out`: let them end first
+        for f in futures:
+            if not f.cancelled() and f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        if any(f.cancelled() for f in futures):  # never a file with a hole (a pool shut down at exit)
+            raise OSError(f"GET {url}: stopped before every part was fetched")
+        if check is not None:
+            try:
+                _check_file(fd, size, out, check)
+            except ValueError as e:
+                raise _Transient(f"corrupt body ({e})") from None
+        return size
+
+    return client.policy.run("GET", url, once)
+
+
+def _check_file(fd: int, size: int, out: BinaryIO, check: "BodyCheck") -> None:
+    """The streaming check, fed from the assembled file in order (page-cache reads)."""
+    check.start()
+    buf = bytearray(min(_READ_BACK, size))
+    at = 0
+    while at < size:
+        n = os.preadv(fd, [memoryview(buf)[:min(len(buf), size - at)]], at)
+        if n <= 0:
+            raise ValueError(f"the file ends at {at} of {size} bytes")
+        check.feed(memoryview(buf)[:n])
+        at += n
+    check.finish(out)
+
