@@ -52,6 +52,26 @@ def test_counts_object_gets_and_their_bytes(monkeypatch):
         assert (got["gets"], got["get_bytes"]) == (2, len(body) + 1000)
         assert got["requests"] >= 6
         assert _counts(endpoint) == {"gets": 0, "get_bytes": 0, "requests": 0}
+        _ranges_as_s3_answers_them(c, body)
     finally:
         proc.kill()
         proc.wait()
+
+
+def _ranges_as_s3_answers_them(c, body: bytes) -> None:
+    """The server reads a single range alone (bench/moto_ranges.py): the same answers as moto's
+    own path (bytes, Content-Range, ETag, the conditions, 416), checked against slicing."""
+    from botocore.exceptions import ClientError
+
+    etag = c.head_object(Bucket="counted", Key="a/b.bin")["ETag"]
+    n = len(body)
+    for spec, first, last in [("bytes=0-0", 0, 0), ("bytes=5-", 5, n - 1), ("bytes=-7", n - 7, n - 1),
+                              (f"bytes=1000-{n + 50}", 1000, n - 1), ("bytes=20-29", 20, 29)]:
+        r = c.get_object(Bucket="counted", Key="a/b.bin", Range=spec, IfMatch=etag)
+        assert r["Body"].read() == body[first:last + 1], spec
+        assert r["ContentRange"] == f"bytes {first}-{last}/{n}" and r["ETag"] == etag, spec
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == 206
+    for kwargs, status in [({"Range": "bytes=0-9", "IfMatch": '"other"'}, 412), ({"Range": f"bytes={n}-"}, 416)]:
+        with pytest.raises(ClientError) as e:
+            c.get_object(Bucket="counted", Key="a/b.bin", **kwargs)
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == status
