@@ -120,6 +120,31 @@ def test_gs_errors_name_the_url(gcs_dir, gcs_server, gcs_proxy, tmp_path):
         fl.Dataset.open(url, storage_options={"region_name": "x"})
 
 
+def test_gs_dataset_missing_or_resized_shards_are_errors_at_open(gcs_server, tmp_path):
+    """One listing at open, as for s3://: a shard the manifest names that is missing, or of
+    another size, is an error naming its URL before any batch."""
+    import os
+
+    from fastload._sources.manifest import DatasetError
+
+    local = tmp_path / "ds"
+    fl.write_dataset(local, {"x": np.arange(1000, dtype=np.float32).reshape(500, 2)}, rows_per_shard=100, fsync=False)
+    shard = os.path.join("x", "000003.npy")
+    for broken, error, message in [(None, FileNotFoundError, r"x/000003\.npy: no such object \(the manifest names it\)"),
+                                   (b"\0" * 10, DatasetError, r"x/000003\.npy: \d+ bytes in storage, the manifest expects")]:
+        bucket = gcs_server.bucket()
+        for dirpath, _, names in os.walk(local):
+            for n in names:
+                rel = os.path.relpath(os.path.join(dirpath, n), local)
+                with open(os.path.join(dirpath, n), "rb") as f:
+                    data = f.read()
+                if rel == shard and broken is None:
+                    continue
+                gcs_server.put(bucket, f"ds/{rel}", data + (broken or b"") if rel == shard else data)
+        with pytest.raises(error, match=rf"gs://{bucket}/ds/" + message):
+            fl.Dataset.open(f"gs://{bucket}/ds", storage_options=_opts(gcs_server.url), cache_dir=tmp_path / "c")
+
+
 # ------------------------------------------------------------------------------------ credentials
 class _TokenServer:
     """An OAuth2 token endpoint on 127.0.0.1 (what google-auth's authorized_user credentials call

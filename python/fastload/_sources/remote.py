@@ -132,7 +132,7 @@ class RemoteDataset:
             f.identity = (0, 0, 0, 0)  # the provider gives each download's identity when it is mapped
         entries = [Entry(where.child(f.rel), f.rel, f.offset + f.nbytes, _ShardCheck(f, where.child(f.rel)))
                    for f in all_files]
-        if where.scheme == "s3":
+        if where.scheme in ("s3", "gs"):  # http(s) has no listing: a missing file is found when fetched
             _check_listed(client, where, entries)
         index = {id(f): i for i, f in enumerate(all_files)}
         shard_files: list[list[int]] = [[] for _ in rows]
