@@ -5,6 +5,7 @@ an empty cache, epoch 2 from the cache, and order="block" with a cache of 25% of
 against the same dataset directory read locally.
 
     python bench/bench_remote.py [--mb 192] [--shard-mb 8] [--rounds 3] [--threads 2]
+    python bench/bench_remote.py --mb 1024 --shard-mb 64   # + block 25% with whole objects, not parts
     python bench/bench_remote.py --peers [--gb 2] [--rounds 3]   # beside Streaming and litdata
 
 --peers runs issue 24's side-by-side instead (bench/remote_peers.py: fastload, MosaicML Streaming and
@@ -147,6 +148,13 @@ def main() -> None:
                 fetched_ratio.setdefault(client, []).append(small.storage_stats().bytes_fetched / total)
                 del small
                 _remove(cache)
+                if args.shard_mb >= 32:  # shards of two default parts or more: the same, fetched whole
+                    whole = fl.Dataset.open(url, storage_options={**opts, "part_size": 0}, cache_dir=cache,
+                                            cache_limit=total // 4)
+                    results.setdefault(f"{client} block 25% whole", []).append(
+                        epoch(fl.Loader(whole, order="block", **kw), 0))
+                    del whole
+                    _remove(cache)
             print(f"round {r + 1}/{args.rounds} done (load {os.getloadavg()[0]:.1f})", flush=True)
 
         print("\nnetwork ceiling: parallel GETs of every object, MB/s (median of rounds)")
@@ -164,10 +172,13 @@ def main() -> None:
             # Epoch 2 against the local directory (same round), the others against the ceiling.
             local_rates = [n / t * (1016 + 8) for _, t, n in results["local directory"]]
             per_round = local_rates if name.endswith("epoch 2") else ceilings.get(name.split()[0])
+            if name.endswith("25% whole"):  # parts against whole objects, same round
+                per_round = [n / t * (1016 + 8) for _, t, n in results[name[:-len(" whole")]]]
             ratio = ""
             if per_round and name != "local directory":
                 rs = [a / b for a, b in zip(rates, per_round)]
-                ratio = f"{_median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})" + (" local" if name.endswith("epoch 2") else "")
+                ratio = f"{_median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})" + (
+                    " local" if name.endswith("epoch 2") else " of parts" if name.endswith("whole") else "")
             print(f"  {name:22s} {first:13.3f} {_median(rates) / 1024:10.0f} {_median(rates) / 1e6:8.1f} {ratio:>26s}")
         for client, ratios in fetched_ratio.items():
             print(f"\n{client}: order='block' with cache_limit 25% of the dataset fetched {_median(ratios):.2f}x "

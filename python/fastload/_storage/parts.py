@@ -40,12 +40,14 @@ class PartPool:
     def __init__(self, threads: int):
         self._threads = max(1, threads)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pid = 0
         self._lock = threading.Lock()
 
     def get(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
-            if self._pool is None:
+            if self._pool is None or self._pid != os.getpid():  # a forked child has none of its parent's threads
                 self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="fastload-part")
+                self._pid = os.getpid()
             return self._pool
 
 
