@@ -160,8 +160,8 @@ def test_part_size_is_checked_and_zero_fetches_objects_whole(remote_parted, s3_p
 
 
 def test_gs_and_http_objects_come_in_parts_too(remote_parted, s3_server, s3_proxy, gcs_server, gcs_proxy, tmp_path):
-    """gs:// (parts by default, as s3://) and http(s):// (only when part_size is given: a server
-    may ignore Range) read the same batches as the local directory, in ranged parts."""
+    """gs:// and http(s):// (parts only when part_size is given) read the same batches as the
+    local directory, in ranged parts."""
     url, local, bucket = remote_parted
     kw = dict(batch_size=500, shuffle=True, seed=8, num_threads=2)
     reference = batches(fl.Loader(fl.Dataset.open(local), **kw))
@@ -226,9 +226,10 @@ def test_parts_of_token_files_and_of_parquet_files(s3_server, s3_proxy, tmp_path
 
 @pytest.mark.parametrize("client", S3_CLIENTS)
 def test_objects_are_split_by_default_only_where_whole_ones_leave_requests_unused(tmp_path, client):
-    """Without part_size, a fetcher splits objects of 2 default parts or more only when the bytes
-    it may have in flight hold fewer whole objects than max_concurrency (a small cache of large
-    shards); part_size given splits always, part_size=0 never; requests are counted per part."""
+    """Without part_size, a fetcher over obstore splits objects of 2 default parts or more only when
+    the bytes it may have in flight hold fewer whole objects than max_concurrency (a small cache
+    of large shards; boto3 splits only when asked); part_size given splits always, part_size=0
+    never; requests are counted per part."""
     from fastload._storage.cache import Entry, ObjectCache
     from fastload._storage.clients import make_client
     from fastload._storage.fetcher import Fetcher
@@ -243,6 +244,10 @@ def test_objects_are_split_by_default_only_where_whole_ones_leave_requests_unuse
         return Fetcher(c, ObjectCache(str(tmp_path / "c")), entries, [[0], [1], [2]], limit)
 
     small = fetcher(400 * mib)  # 100 MiB in flight: one whole 64 MiB object at a time
+    if client == "boto3":  # parts only when asked (its bodies go through Python)
+        assert not small._in_parts and small._requests_of.tolist() == [1, 1, 1]
+        assert fetcher(400 * mib, part_size="16MiB")._requests_of.tolist() == [3, 1, 5]
+        return
     assert small._in_parts and small._requests_of.tolist() == [3, 1, 5]
     large = fetcher(100 << 30)  # 1 GiB in flight: 15 whole objects of 64 MiB, under 16 requests
     assert large._in_parts and large._requests_of.tolist() == [3, 1, 5]

@@ -20,7 +20,6 @@ from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 from .client import (BodyCheck, Client, Refused, _check_options, _policy, _refused, configure_parts, http_open,
                      range_total, read_response)
 from .credentials import BearerTokens, google_chain
-from .parts import DEFAULT_PART_SIZE
 from .urls import Url
 
 T = TypeVar("T")
@@ -39,7 +38,7 @@ class GcsClient(Client):
         opts = _check_options(options, _OPTIONS, "gs")
         self.policy = _policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
-        configure_parts(self, opts, DEFAULT_PART_SIZE)
+        configure_parts(self, opts, 0)  # parts only when asked: bodies are read through Python, as boto3's
         self._timeout = float(opts.get("read_timeout", 60))
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         endpoint = opts.get("endpoint_url") or emulator or DEFAULT_ENDPOINT
