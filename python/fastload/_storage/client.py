@@ -226,8 +226,8 @@ class S3Client(Client):
         opts = _check_options(options, _S3_OPTIONS, "s3")
         self.policy = _policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
-        # Parts only when asked: boto3 reads each body through Python, and its parts read at
-        # 0.84x of whole objects where obstore's read at 1.05x (bench/RESULTS.md, fifth session).
+        # Parts only when asked: boto3 reads each part's body through Python into a buffer, one
+        # copy more than a whole object streamed to the file (obstore hands out its own buffer).
         configure_parts(self, opts, 0)
         config = botocore.config.Config(
             # A connection for each request at once: the parts (parts.py) and the whole GETs.
