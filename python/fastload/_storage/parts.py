@@ -7,8 +7,10 @@ flight: one or two connections, where object storage serves each at a fraction o
 bandwidth. Split into parts, the same bytes in flight are many requests, as s5cmd and boto3's
 transfer manager do. Each part is retried on its own (a truncated part is fetched again); the
 whole object is then checked once, read back from the page cache in order, and fetched again
-if the check refuses it. Every part carries the object's version, so a rewrite between parts is
-an ObjectChanged error, never a file of two versions."""
+if the check refuses it. Each answer's object size must be the size listed. Where the source pins
+a version (Parquet files: the ETag or generation listed at open), every part carries it, so a
+rewrite between parts is an ObjectChanged error; a dataset's shards are held to the manifest's
+size, header and checksum instead."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -76,7 +78,7 @@ def get_in_parts(client: "Client", url: "Url", out: BinaryIO, size: int, check: 
         out.truncate()
         pool = client.parts.get()
         futures = [pool.submit(fetch_part, a, b) for a, b in bounds]
-        done, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        _, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
         for f in pending:
             f.cancel()
         concurrent.futures.wait(pending)  # the running ones write to `out`: let them end first
