@@ -454,6 +454,35 @@ cache.fetch(e, slow_get)
 """
 
 
+def test_a_manifest_being_written_is_not_removed_by_another_process_opening_the_cache(tmp_path):
+    """Every process that opens a dataset writes the manifest's copy into the cache folder, and
+    every open removes partial files whose lock nobody holds: the copy is written under its lock
+    (ObjectCache.put), so a second process's open never removes it mid-write (CI caught three
+    processes opening one dataset at once failing with FileNotFoundError on the rename)."""
+    import fcntl
+    import multiprocessing
+
+    from fastload._storage.cache import ObjectCache
+
+    root = str(tmp_path / "c")
+    cache = ObjectCache(root)
+    cache.put("manifest.json", b"{}")
+    with open(os.path.join(root, "manifest.json"), "rb") as f:
+        assert f.read() == b"{}"
+    # A writer mid-way (its lock held, its temporary file there) and an open by another process.
+    lock = os.open(os.path.join(root, "manifest.json.lock"), os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    partial = os.path.join(root, "manifest.json.part-1-abc")
+    open(partial, "wb").close()
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=ObjectCache, args=(root,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0 and os.path.exists(partial)  # left alone: its lock is held
+    os.close(lock)  # the writer died: the next open removes what it left
+    assert ObjectCache(root).removed_partials == 1 and not os.path.exists(partial)
+
+
 def test_sigkilled_download_leaves_a_temp_file_the_next_run_removes(tmp_path):
     from fastload._storage.cache import Entry, ObjectCache
     from fastload._storage.urls import parse_url

@@ -45,13 +45,6 @@ def _check_largest(limit: int, largest: int, url: Url) -> None:
                          "raise cache_limit")
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 class _ShardCheck(BodyCheck):
     """A downloaded shard's check, as its body streams in: its .npy header is the manifest's,
     and its fl64 checksum too where the manifest has one (hashed while the bytes arrive)."""
@@ -119,7 +112,7 @@ class RemoteDataset:
         except Bad as e:
             where_field = f" field {e.field}:" if e.field else ""
             raise DatasetError(f"{murl}:{where_field} {e.message}") from None
-        _write_atomic(os.path.join(root, MANIFEST), text)  # for people looking at the cache
+        cache.put(MANIFEST, text)  # for people looking at the cache
         self.manifest = manifest
         self._columns: list[_Column] = columns
         self._shard_sizes = rows

@@ -116,6 +116,31 @@ class ObjectCache:
         except FileNotFoundError:
             pass
 
+    def put(self, rel: str, data: bytes) -> None:
+        """A small file written whole (the manifest's copy), by the protocol of a download: under
+        the flock of its lock file, to a temporary name, renamed into place. Another process that
+        opens the folder meanwhile removes only partial files whose lock nobody holds, so it
+        leaves this one alone."""
+        path = self.path(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock_fd = os.open(path + _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + f"{_PART}{os.getpid()}-",
+                                       dir=os.path.dirname(path))
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
+        finally:
+            os.close(lock_fd)  # releases the flock
+
     def fetch(self, entry: Entry, get: Callable[..., int]) -> tuple[os.stat_result, int]:
         """Makes the object present: (its stat, bytes this process downloaded: 0 if another
         process had it or fetched it meanwhile). One download per node: the flock on its lock
