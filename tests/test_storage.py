@@ -630,18 +630,22 @@ def test_elastic_resume_and_prefetch_into_the_next_epoch(remote_blocks, s3_serve
 
 
 # ------------------------------------------------------------------------------------ eviction order
-class _MemoryClient:
+def _memory_client(objects):
     """A store in a dict (for the fetcher's own logic; everything else runs against moto)."""
+    from fastload._storage.client import Client
 
-    concurrency = 4
+    class MemoryClient(Client):
+        concurrency = 4
 
-    def __init__(self, objects):
-        self.objects, self.requests = objects, 0
+        def __init__(self):
+            self.objects, self.requests = objects, 0
 
-    def get(self, url, out, expected=None, check=None):
-        self.requests += 1
-        out.write(self.objects[url.key])
-        return len(self.objects[url.key])
+        def get_whole(self, url, out, expected=None, check=None, version=None):
+            self.requests += 1
+            out.write(self.objects[url.key])
+            return len(self.objects[url.key])
+
+    return MemoryClient()
 
 
 def _fetcher(tmp_path, n, size, limit):
@@ -649,7 +653,7 @@ def _fetcher(tmp_path, n, size, limit):
     from fastload._storage.fetcher import Fetcher
     from fastload._storage.urls import Url
 
-    client = _MemoryClient({f"k{i}": bytes([i]) * size for i in range(n)})
+    client = _memory_client({f"k{i}": bytes([i]) * size for i in range(n)})
     entries = [Entry(Url("s3", "b", f"k{i}"), f"f{i}", size) for i in range(n)]
     return Fetcher(client, ObjectCache(str(tmp_path / "c")), entries, [[i] for i in range(n)], limit), client
 

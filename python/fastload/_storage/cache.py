@@ -6,13 +6,14 @@ a temporary file whose lock the kernel released, which the next fetch (or the ne
 No shared-memory segment, no daemon: nothing outlives a crash but files the next run recognises."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import re
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 from .urls import Url
 
@@ -122,53 +123,22 @@ class ObjectCache:
         opens the folder meanwhile removes only partial files whose lock nobody holds, so it
         leaves this one alone."""
         path = self.path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock_fd = os.open(path + _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + f"{_PART}{os.getpid()}-",
-                                       dir=os.path.dirname(path))
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
-        finally:
-            os.close(lock_fd)  # releases the flock
+        with _locked(path):
+            _write_renamed(path, lambda out: out.write(data))
 
     def fetch(self, entry: Entry, get: Callable[..., int]) -> tuple[os.stat_result, int]:
         """Makes the object present: (its stat, bytes this process downloaded: 0 if another
         process had it or fetched it meanwhile). One download per node: the flock on its lock
         file is held while it downloads, verifies and renames."""
         path = self.path(entry.rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock_fd = os.open(path + _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # releases the GIL while it waits
+        with _locked(path):
             st = self.present(entry)
             if st is not None:
                 return st, 0
             self._remove_partials(path)  # the lock is ours: any partial file is abandoned
-            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + f"{_PART}{os.getpid()}-",
-                                       dir=os.path.dirname(path))
-            try:
-                with os.fdopen(fd, "w+b") as out:
-                    n = get(entry.url, out, entry.size, entry.verify)  # size and checksum checked
-                os.rename(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
+            # size and checksum checked by get
+            n = _write_renamed(path, lambda out: get(entry.url, out, entry.size, entry.verify))
             return os.stat(path), n
-        finally:
-            os.close(lock_fd)  # releases the flock
 
     @staticmethod
     def _remove_partials(path: str) -> None:
@@ -205,6 +175,36 @@ class ObjectCache:
                 finally:
                     os.close(fd)
         return removed
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """The exclusive flock of `path`'s lock file (waiting for it releases the GIL): whoever holds
+    it writes `path`, and its partial files are not abandoned (ObjectCache._remove_abandoned)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    lock_fd = os.open(path + _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock_fd)  # releases the flock
+
+
+def _write_renamed(path: str, write: Callable[[BinaryIO], int]) -> int:
+    """write(out) into a temporary file beside `path` (a partial file's name), then renamed
+    into place; on any failure the temporary file is removed and nothing is at `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + f"{_PART}{os.getpid()}-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w+b") as out:
+            n = write(out)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return n
 
 
 def clear(root: str) -> None:

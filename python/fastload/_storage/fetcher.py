@@ -97,16 +97,16 @@ class Fetcher:
         self.max_inflight = max_inflight_bytes or max(int(self.shard_bytes.max()), min(limit // 4, 1 << 30))
         # Large files come in ranged parts (parts.py) when the bytes in flight hold fewer whole
         # files than the requests allowed at once (a small cache of large shards): the same bytes
-        # as more requests. Otherwise whole, one request each (on a server of 2 CPUs, parts cost
-        # more than they gain when whole files already fill the requests: bench/RESULTS.md), unless
-        # storage_options['part_size'] asks for parts. The bound on requests counts parts.
+        # as more requests. Otherwise whole, one request each: whole files already fill the
+        # requests, and parts would only add requests (on loopback they measured no gain either
+        # way: bench/RESULTS.md). storage_options['part_size'] asks for parts always. The bound
+        # on requests counts parts.
         largest = max((e.size for e in self.entries), default=1)
-        self._in_parts = hasattr(client, "requests_for") and client.part_size > 0 and (
+        self._in_parts = client.part_size > 0 and (
             client.parts_always or self.max_inflight // max(1, largest) < client.concurrency)
         self._requests_of = np.array([client.requests_for(e.size) if self._in_parts else 1 for e in self.entries],
                                      dtype=np.int64)
-        self._get: Callable[..., int] = functools.partial(client.get, parts=self._in_parts) \
-            if hasattr(client, "requests_for") else client.get
+        self._get: Callable[..., int] = functools.partial(client.get, parts=self._in_parts)
         self._by_rel = {e.rel: i for i, e in enumerate(self.entries)}
         self._cond = threading.Condition()
         self._fetching = np.zeros(len(self.entries), dtype=bool)
