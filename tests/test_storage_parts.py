@@ -257,3 +257,32 @@ def test_objects_are_split_by_default_only_where_whole_ones_leave_requests_unuse
     assert not never._in_parts and never._requests_of.tolist() == [1, 1, 1]
     always = fetcher(100 << 30, max_concurrency=8, part_size="4MiB")
     assert always._in_parts and always._requests_of.tolist() == [8, 2, 8]  # at most max_concurrency at once
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_parts_keep_ranks_and_resume_exact(remote_parted, s3_server, tmp_path, threads):
+    """Parts are below the order: with a cache of 5 of the 8 shards (evictions, prefetch in parts), every
+    rank of 2 and a run resumed mid-epoch read the batches of the local directory."""
+    url, local, _ = remote_parted
+    shard = sum(os.path.getsize(os.path.join(local, c, "000000.npy")) for c in ("x", "y"))
+    here = fl.Dataset.open(local)
+
+    def remote(name):
+        return fl.Dataset.open(url, storage_options=opts(s3_server[0], part_size=PART), cache_dir=tmp_path / name,
+                               cache_limit=5 * shard)
+
+    for rank in range(2):
+        kw = dict(batch_size=256, shuffle=True, seed=rank, rank=rank, world_size=2, num_threads=threads, order="block")
+        equal(batches(fl.Loader(remote(f"r{rank}"), **kw)), batches(fl.Loader(here, **kw)))
+    kw = dict(batch_size=256, shuffle=True, seed=9, num_threads=threads, order="block")
+    first = fl.Loader(remote("resume"), **kw)
+    it = iter(first)
+    for _ in range(11):
+        next(it)
+    state = first.state_dict()
+    del it
+    first.close()
+    resumed, reference = fl.Loader(remote("resume"), **kw), fl.Loader(here, **kw)
+    resumed.load_state_dict(state)
+    reference.load_state_dict(state)
+    equal(batches(resumed), batches(reference))
