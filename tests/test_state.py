@@ -225,6 +225,102 @@ def test_set_epoch_with_the_live_epoch_of_a_mix_keeps_counting():
                for a, b in zip(taken + [b["x"].numpy() for b in resumed], ref, strict=True))
 
 
+# A peek, then the README's loop (issue 33, item 7): set_epoch(e) followed by iter() before any
+# other batch is taken runs epoch e again from its start, as plan(e) says; Lightning's order
+# (iter(), set_epoch, then the batches) keeps counting the live iterator, as above.
+def _epochs_after_a_peek(loader, epochs):
+    next(iter(loader))
+    seen = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        seen.append(ids(loader))
+    return seen
+
+
+@pytest.mark.parametrize("peeks", [1, 3])
+def test_set_epoch_after_a_peek_runs_that_epoch_as_plan_says(peeks):
+    run = make()
+    it = iter(run)
+    for _ in range(peeks):
+        next(it)
+    seen = []
+    for epoch in range(3):
+        run.set_epoch(epoch)
+        seen.append(np.concatenate(ids(run)))
+    for epoch, got in enumerate(seen):
+        np.testing.assert_array_equal(got, run.plan(epoch))
+        ref = make()
+        ref.set_epoch(epoch)
+        np.testing.assert_array_equal(got, np.concatenate(ids(ref)))
+    assert not np.array_equal(seen[0], seen[1])
+
+
+def test_set_epoch_after_a_peek_with_the_peeked_iterator_collected():
+    import gc
+
+    run = make()
+    next(iter(run))
+    gc.collect()
+    run.set_epoch(0)
+    np.testing.assert_array_equal(np.concatenate(ids(run)), run.plan(0))
+    run.set_epoch(1)
+    np.testing.assert_array_equal(np.concatenate(ids(run)), run.plan(1))
+
+
+def test_set_epoch_of_the_live_epoch_then_batches_then_iter_moves_on():
+    """Lightning with limit_train_batches: iter(), set_epoch(e), a few batches, then the next
+    epoch's iter(): the call was about the live iterator, so the next iter() runs e + 1."""
+    run = make()
+    it = iter(run)
+    next(it)
+    run.set_epoch(0)
+    next(it)
+    next(it)
+    np.testing.assert_array_equal(np.concatenate(ids(run)), run.plan(1))
+
+
+def test_set_epoch_of_the_live_epoch_then_state_dict_counts_the_live_iterator():
+    run = make()
+    it = iter(run)
+    next(it)
+    next(it)
+    run.set_epoch(0)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (0, 64)
+    next(it)
+    assert (run.state_dict()["epoch"], run.state_dict()["position"]) == (0, 96)
+    del it
+
+
+def test_set_epoch_after_a_peek_on_split_outputs():
+    run = make()
+    its = run.split(["cpu", "cpu"])
+    next(its[0])
+    next(its[1])
+    run.set_epoch(0)
+    again = run.split(["cpu", "cpu"])
+    ref = make()
+    ref_its = ref.split(["cpu", "cpu"])
+    for a, b in zip(again, ref_its, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(ids(a), ids(b), strict=True))
+
+
+def test_set_epoch_after_a_peek_of_a_mix_runs_that_epoch():
+    def mixed():
+        return fl.Loader(fl.Mix({"a": fl.Dataset({"x": np.arange(300)}), "b": fl.Dataset({"x": np.arange(500)})},
+                                weights={"a": 0.5, "b": 0.5}), batch_size=16, shuffle=True, seed=1)
+
+    run = mixed()
+    next(iter(run))
+    seen = []
+    for epoch in range(2):
+        run.set_epoch(epoch)
+        seen.append(np.concatenate([b["x"].numpy() for b in run]))
+    for epoch in range(2):
+        ref = mixed()
+        ref.set_epoch(epoch)
+        np.testing.assert_array_equal(seen[epoch], np.concatenate([b["x"].numpy() for b in ref]))
+
+
 def test_load_state_dict_with_a_live_iterator_ends_it_and_the_state_is_the_loaded_one():
     run = make()
     it = iter(run)

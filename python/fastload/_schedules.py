@@ -98,6 +98,12 @@ class Schedule:
         self.run_start = 0  # the running epoch's start position (non-zero after a resume)
         self.pending: tuple[int, int] | None = None  # (epoch, start position) for the next iter()
         self.last_epoch = -1
+        # set_epoch(the live run's epoch): (that run, its batches handed out then). If the next
+        # iter() comes before another batch is taken from it, that iter() runs the epoch again
+        # (a peek, then the usual `set_epoch(e); for batch in loader`); once batches were taken
+        # after the call (Lightning: iter(), then set_epoch in on_train_epoch_start, then the
+        # epoch's batches), the call was about the live iterator and the next iter() moves on.
+        self.rerun_mark: tuple[Any, int] | None = None
 
     # ---------------------------------------------------------------- the interface
     def length(self) -> int:
@@ -162,6 +168,22 @@ class Schedule:
         """The running epoch exists and nothing was taken from it."""
         return self.run is not None and all(self.run.handed(d) == 0 for d in range(self.outputs))
 
+    def reruns(self) -> bool:
+        """Whether the next iter() runs the running epoch again from where it began: nothing was
+        taken from it (Lightning makes an iterator once before training), or set_epoch named its
+        epoch and nothing was taken since (a peek, then `set_epoch(e); for batch in loader`)."""
+        if self.untouched():
+            return True
+        mark = self.rerun_mark
+        return (mark is not None and mark[0] is self.run and not self.run.superseded and not self.finished()
+                and self.handed() == mark[1])
+
+    def mark_rerun(self) -> None:
+        """set_epoch with the live run's epoch: nothing changes for the live iterator (state_dict
+        keeps counting it); the next iter() reruns the epoch if no batch is taken before it."""
+        self.pending = None  # the last call wins over an earlier one naming another epoch
+        self.rerun_mark = (self.run, self.handed())
+
     def finished(self) -> bool:
         return self.handed() >= self.run.num_batches(0)
 
@@ -182,6 +204,7 @@ class Schedule:
 
     def supersede(self) -> None:
         """Cancels the running epoch (a state was loaded)."""
+        self.rerun_mark = None
         if self.run is not None:
             self.run.superseded = True
             self.run.cancel()
@@ -191,6 +214,7 @@ class Schedule:
         self.run, self.outputs = run, devices
         self.run_start, self.last_epoch = start, epoch
         self.pending = None
+        self.rerun_mark = None
 
 
 class EpochSchedule(Schedule):
@@ -222,8 +246,9 @@ class EpochSchedule(Schedule):
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self.lock:
             if self.live() and self.run.epoch == epoch:
-                self.pending = None  # the live epoch: the last call wins over an earlier other one
+                self.mark_rerun()
                 return
+            self.rerun_mark = None
             if self.pending is not None and self.pending[0] == epoch:
                 return
             self.pending = (epoch, 0)
@@ -237,9 +262,10 @@ class EpochSchedule(Schedule):
                                  f"(ranks x devices); resuming at {replicas} is not supported: whole shards per "
                                  "rank depend on the world size")
             return epoch, start
-        if self.untouched():
-            # An iter() nothing was taken from (Lightning calls one before training) does not
-            # use up its epoch: the next iter() runs it again, from where it would have begun.
+        if self.reruns():
+            # An iter() nothing was taken from (Lightning calls one before training), or whose
+            # epoch set_epoch named before this iter(), does not use up its epoch: the next iter()
+            # runs it again, from where it began.
             return self.run.epoch, self.run_start
         return self.last_epoch + 1, 0
 
@@ -385,7 +411,7 @@ class StreamSchedule(Schedule):
         stand, rerun = None, None
         if self.run is not None:
             stand = Stand(self.run_anchor, self.position())
-            if self.untouched():
+            if self.reruns():
                 rerun = (self.run.epoch, self.run_start)
         epoch, first, end, anchor = self.runs.start(c.global_batch(devices), stand=stand,
                                                     pending_epoch=self.pending[0] if self.pending else None,
@@ -515,8 +541,9 @@ class MixSchedule(StreamSchedule):
             if self.runs.resume is not None and self.runs.resume.epoch == epoch:
                 return
             if self.live() and self.run.epoch == epoch:
-                self.pending = None  # the live epoch: the last call wins over an earlier other one
+                self.mark_rerun()
                 return
+            self.rerun_mark = None
             if self.pending is not None and self.pending[0] == epoch:
                 return
             self.runs.resume = None
