@@ -360,6 +360,20 @@ def test_collate_fn_is_the_escape_hatch_and_worker_init_fn_runs_once_per_worker(
         fl.Loader([(1, 2)], 1, device="cpu", even="mask")
 
 
+def test_help_of_loader_names_every_refused_dataloader_argument_and_its_replacement():
+    """help(fl.Loader) says what **dataloader_args does (issue 33): every refused name, with the
+    replacement the error gives, from the same table."""
+    import inspect
+
+    from fastload._dataloader_args import REPLACEMENTS
+
+    text = " ".join(inspect.getdoc(fl.Loader).split())
+    assert "**dataloader_args" in text
+    for name, replacement in REPLACEMENTS.items():
+        assert f"{name}=: {' '.join(replacement.split())}" in text, name
+    assert "{dataloader_args}" not in text
+
+
 def test_dataloader_arguments_map_or_are_refused_with_the_replacement():
     ds = [{"v": i} for i in range(10)]
     with pytest.raises(TypeError, match="DataLoader's sampler=: fastload samples natively: use shuffle="):

@@ -25,3 +25,14 @@ def refuse_dataloader_args(kwargs: dict[str, Any]) -> None:
     if kwargs:
         name = next(iter(kwargs))
         raise TypeError(f"fastload.Loader got an unexpected keyword argument {name!r}")
+
+
+def describe(indent: str = "    ") -> str:
+    """The refused arguments and their replacements, one per line (the Loader's help text)."""
+    import textwrap  # noqa: PLC0415 - once, at import, for a docstring
+
+    lines = []
+    for name, replacement in REPLACEMENTS.items():
+        lines += textwrap.wrap(f"{name}=: {replacement}", width=100 - len(indent) * 2,
+                               initial_indent=indent, subsequent_indent=indent * 2)
+    return "\n".join(lines).lstrip()

@@ -17,7 +17,7 @@ import torch
 
 from . import _C, _lifecycle
 from ._config import LoaderConfig, check_arguments, default_prefetch, python_options, resolve  # noqa: F401
-from ._dataloader_args import refuse_dataloader_args
+from ._dataloader_args import describe as describe_dataloader_args, refuse_dataloader_args
 from ._environment import resolve_device
 from ._machine import torch_sees_gpu
 from ._sources.mix import Mix
@@ -107,6 +107,12 @@ class Loader:
             process is replaced at the next iter().
         pin_memory, persistent_workers: accepted and ignored (always so: batches for a GPU are
             built in page-locked memory; workers live as long as the loader).
+
+    Other torch DataLoader arguments (``**dataloader_args``): none is taken. Each one named below
+    raises a TypeError that says what to use instead, so code written for the DataLoader gets a
+    pointer rather than a bare "unexpected keyword"; any other name is an unexpected keyword:
+
+    {dataloader_args}
 
     Random augmentations: fl.sample_rng() inside __getitem__ is seeded from (seed, epoch, sample
     index), the same for any workers and after a resume. With workers="processes", torch's global
@@ -400,3 +406,8 @@ class Loader:
         return (f"Loader({self._source!r}, batch_size={c.batch_size}, shuffle={c.shuffle}, "
                 f"rank={c.rank}/{c.world_size}, device={c.device}, num_threads={c.num_threads}, "
                 f"prefetch={c.prefetch})")
+
+
+# The refused DataLoader arguments in help(fl.Loader), from the one table that refuses them.
+if Loader.__doc__:  # None under python -OO
+    Loader.__doc__ = Loader.__doc__.replace("{dataloader_args}", describe_dataloader_args())
