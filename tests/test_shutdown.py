@@ -66,15 +66,24 @@ def test_use_after_close_is_an_error():
         iter(loader)
 
 
-@pytest.mark.parametrize("fail_at", [0, 5])
-def test_error_on_a_native_thread_reaches_the_caller(fail_at):
-    loader = big_loader(num_threads=2, prefetch=2)
+@pytest.mark.parametrize("threads,prefetch", [(1, 2), (2, 2), (2, 8), (3, 16)])
+@pytest.mark.parametrize("fail_at", [0, 5, 29])
+def test_error_on_a_native_thread_reaches_the_caller(fail_at, threads, prefetch):
+    """The batches before the failed one are handed out, then next() raises naming it: the same
+    batch number, and the same count handed out before it, for any threads and prefetch (issue 33:
+    "batch 129" after 128 batches, "batch 102" after 102, depending on timing)."""
+    loader = fl.Loader(fl.Dataset({"x": np.arange(20_000)}), batch_size=64, shuffle=True, num_threads=threads,
+                       prefetch=prefetch)
     loader._fail_at_batch = fail_at
-    got = 0
-    with pytest.raises(RuntimeError, match=f"collation thread failed on batch {fail_at} of epoch 0: injected failure"):
-        for _ in loader:
-            got += 1
-    assert got <= fail_at
+    got = []
+    with pytest.raises(RuntimeError, match=f"collation thread failed on batch {fail_at} of epoch 0 .this iterator's "
+                                           f"batches, counted from 0: the {fail_at} before it were handed out.: "
+                                           "injected failure"):
+        for b in loader:
+            got.append(b["x"].numpy().copy())
+    assert len(got) == fail_at
+    if got:
+        np.testing.assert_array_equal(np.concatenate(got), loader.plan(0)[:fail_at * 64])
     loader._fail_at_batch = -1
     assert len(list(loader)) == len(loader)  # the loader still works afterwards
 

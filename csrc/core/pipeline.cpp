@@ -80,19 +80,43 @@ void Pipeline::release_unconsumed() {
   // `dropped` returns the buffers to their pools here, outside mutex_.
 }
 
-void Pipeline::fail_locked(const std::string& context, std::exception_ptr e) {
-  if (!error_) {  // the first failure is the one reported
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      what = ex.what();
-    } catch (...) {
-    }
-    error_ = std::make_exception_ptr(CollationError(context + ": " + what, e));
+namespace {
+std::exception_ptr collation_error(const std::string& context, const std::exception_ptr& e) {
+  std::string what = "unknown error";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    what = ex.what();
+  } catch (...) {
   }
+  return std::make_exception_ptr(CollationError(context + ": " + what, e));
+}
+}  // namespace
+
+void Pipeline::fail_locked(const std::string& context, std::exception_ptr e) {
+  if (!error_) error_ = collation_error(context, e);  // the first failure stops the claims
   work_cv_.notify_all();
   for (auto& out : outputs_) out->ready_cv.notify_all();
+}
+
+void Pipeline::fail_step_locked(Output& o, int64_t step, std::exception_ptr e) {
+  // Batches are counted from 0 within this iterator's run, and every batch before the failed
+  // one is handed out first: the number in the message is always the count handed out before it.
+  const std::string context = "fastload collation thread failed on batch " + std::to_string(step) +
+                              " of epoch " + std::to_string(o.plan->epoch()) + " (this iterator's batches, counted " +
+                              "from 0: the " + std::to_string(step) + " before it were handed out)";
+  if (o.failed_step < 0 || step < o.failed_step) {
+    o.failed_step = step;
+    o.failure = collation_error(context, e);
+  }
+  fail_locked(context, std::move(e));
+}
+
+bool Pipeline::failed_here_locked(const Output& o) const {
+  if (!error_) return false;
+  // Every batch claimed before the failure is still built (or fails too, moving failed_step
+  // earlier): the consumer waits for those and raises once it reaches the failure.
+  return o.taken >= (o.failed_step >= 0 ? o.failed_step : o.next_claim);
 }
 
 int64_t Pipeline::taken(int output) const {
@@ -269,16 +293,15 @@ void Pipeline::work(int thread) {
     fetch_wait_ns_ += t_fetch_wait_ns - fetch_wait0;
     Output& o = *outputs_[output];
     if (failure) {
-      fail_locked("fastload collation thread failed on batch " + std::to_string(step) +
-                      " of epoch " + std::to_string(o.plan->epoch()),
-                  failure);
+      fail_step_locked(o, step, failure);
       return;
     }
     Slot& slot = o.slots[static_cast<size_t>(step % prefetch_)];
     slot.step = step;
     slot.ready = true;
     slot.batch = std::move(batch);
-    if (o.waiting > 0 && worth_waking(o)) wake_consumer = &o.ready_cv;
+    // After a failure the batch that would complete a wake-up run may never come: wake at once.
+    if (o.waiting > 0 && (error_ || worth_waking(o))) wake_consumer = &o.ready_cv;
   }
 }
 
@@ -296,9 +319,10 @@ NextStatus Pipeline::next(int output, std::chrono::milliseconds timeout, Batch* 
     return s.ready && s.step == o.taken;
   };
   ++o.waiting;
-  const bool arrived = o.ready_cv.wait_for(lock, timeout, [&] { return cancelled_ || error_ || ready(); });
+  const bool arrived =
+      o.ready_cv.wait_for(lock, timeout, [&] { return cancelled_ || failed_here_locked(o) || ready(); });
   --o.waiting;
-  if (error_) std::rethrow_exception(error_);
+  if (failed_here_locked(o)) std::rethrow_exception(o.failure ? o.failure : error_);
   if (cancelled_) return NextStatus::Cancelled;
   if (!arrived) return NextStatus::Timeout;
   if (o.taken >= o.num_batches) return NextStatus::End;

@@ -83,7 +83,8 @@ class Pipeline {
 
   // The next batch of `output` in order. Returns End after the last batch, Timeout if none
   // arrived in time (so the caller can check for signals), Cancelled after cancel(); throws
-  // CollationError if a worker failed. Several threads may wait on one output. ready_at_entry,
+  // CollationError when the consumer reaches a batch whose build failed (the batches before it
+  // are handed out first). Several threads may wait on one output. ready_at_entry,
   // if given, gets how many batches were ready in order when the call began (the stats' "ready
   // at next()"), read under the same lock as the take.
   NextStatus next(int output, std::chrono::milliseconds timeout, Batch* out, int64_t* ready_at_entry = nullptr);
@@ -119,6 +120,11 @@ class Pipeline {
     int64_t taken = 0;    // batches handed to the consumer
     int64_t retired = 0;  // batches that left the loader's hands; the window is [retired, +prefetch)
     int waiting = 0;      // consumers blocked in next()
+    // The first batch of this output whose build failed (-1: none) and its error. The batches
+    // before it are still handed out, so a failure surfaces at the same batch for any number of
+    // threads and any prefetch: next() raises when the consumer reaches it.
+    int64_t failed_step = -1;
+    std::exception_ptr failure;
     std::vector<Slot> slots;  // ring indexed by step % prefetch
     std::condition_variable ready_cv;
     Output(std::shared_ptr<const BatchPlan> p, bool native, int64_t wake, bool sources)
@@ -131,6 +137,12 @@ class Pipeline {
   int64_t ready_count_locked(const Output& o) const;  // under mutex_
   bool worth_waking_worker(const Output& o) const;  // under mutex_
   void fail_locked(const std::string& context, std::exception_ptr e);  // under mutex_
+  // A batch of `o` failed to build: recorded on the output (the earliest failed step wins) and
+  // as the pipeline's error, which stops new claims. Under mutex_.
+  void fail_step_locked(Output& o, int64_t step, std::exception_ptr e);
+  // Whether the consumer of `o` has reached the failure: its next batch is the failed one, or
+  // (another output failed) it has taken every batch claimed before the failure. Under mutex_.
+  bool failed_here_locked(const Output& o) const;
   // One collation thread's own working memory: ids (unless the layout has an index part), a
   // mixture's local ids and each source's first row, and its cursor of every output's plan
   // (BatchPlan::cursor; null where the plan keeps none).
