@@ -116,14 +116,17 @@ def test_bindings_import_no_fastload_module_by_name():
 
 
 def test_hooks_are_registered_and_checked():
-    from fastload import _C, _gpu_memory
+    from fastload import _C, _advice, _gpu_memory
 
+    warn = _advice.stall_warning
     with pytest.raises(ValueError, match="sample_error must be an exception class, got 3"):
-        _C._register_hooks(sample_error=3, release_cache=_gpu_memory.release_cached)
+        _C._register_hooks(sample_error=3, release_cache=_gpu_memory.release_cached, stall_warning=warn)
     with pytest.raises(ValueError, match="release_cache must be callable, got 'no'"):
-        _C._register_hooks(sample_error=fl.SampleError, release_cache="no")
+        _C._register_hooks(sample_error=fl.SampleError, release_cache="no", stall_warning=warn)
+    with pytest.raises(ValueError, match="stall_warning must be callable, got 'no'"):
+        _C._register_hooks(sample_error=fl.SampleError, release_cache=_gpu_memory.release_cached, stall_warning="no")
     with pytest.raises(TypeError):
-        _C._register_hooks(fl.SampleError, _gpu_memory.release_cached)  # keywords only
+        _C._register_hooks(fl.SampleError, _gpu_memory.release_cached, warn)  # keywords only
 
 
 def test_a_failing_sample_raises_the_registered_class():

@@ -546,8 +546,8 @@ def test_a_python_source_through_the_stand_in_gpu_engine():
     (-1.0, False, "collation is the bottleneck"),  # an array source
 ])
 def test_the_stall_hint_names_num_workers_when_user_code_is_the_bottleneck(user_share, processes, says):
-    from fastload import _C
-    advice = _C._stall_advice(0.95, 0.0, num_threads=3, streams=1, prefetch=8, user_share=user_share,
+    from fastload._advice import stall_advice
+    advice = stall_advice(0.95, 0.0, num_threads=3, copy_streams=1, prefetch=8, user_share=user_share,
                               processes=processes)
     assert says in advice, advice
     assert ("workers='processes'" in advice) == (user_share > 0.5 and not processes)

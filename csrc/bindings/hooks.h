@@ -10,5 +10,8 @@ namespace fastload::hooks {
 pybind11::handle sample_error();
 // fastload._gpu_memory.release_cached(device): empties torch's CUDA cache for one GPU.
 pybind11::handle release_cache();
+// fastload._advice.stall_warning(**figures): logs the one-time stall hint from the runtime's
+// figures (runtime/run_stats.h StallFigures); the advice text is Python's.
+pybind11::handle stall_warning();
 
 }  // namespace fastload::hooks

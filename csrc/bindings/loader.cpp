@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -210,19 +211,33 @@ class PyEngine {
     return d;
   }
 
-  // After a hand-out: the one-time stall hint, logged at the start of the next next(), before a
-  // batch is taken (logging runs Python code, which a signal may interrupt).
+  // After a hand-out: the one-time stall hint's figures, turned into a warning (by Python, see
+  // hooks::stall_warning) at the start of the next next(), before a batch is taken (logging runs
+  // Python code, which a signal may interrupt).
   void check_stall(const Run& run, double share) {
-    std::string hint = python_ ? runtime_->stall_hint(run, share, python_->user_ns(), python_->has_workers())
-                               : runtime_->stall_hint(run, share);
-    if (!hint.empty()) pending_warning_ = std::move(hint);
+    StallFigures f;
+    const bool due = python_ ? runtime_->stall_figures(run, share, &f, python_->user_ns(), python_->has_workers())
+                             : runtime_->stall_figures(run, share, &f);
+    if (due) pending_stall_ = f;
   }
 
   void flush_warning() {
-    if (pending_warning_.empty()) return;
-    std::string message;
-    message.swap(pending_warning_);
-    py::module_::import("logging").attr("getLogger")("fastload").attr("warning")(message);
+    if (!pending_stall_) return;
+    const StallFigures f = *pending_stall_;
+    pending_stall_.reset();
+    py::dict d;
+    d["share"] = f.share;
+    d["collating"] = f.collating;
+    d["copying"] = f.copying;
+    d["releasing"] = f.releasing;
+    d["user_share"] = f.user_share;
+    d["fetch_share"] = f.fetch_share;
+    d["processes"] = f.processes;
+    d["num_threads"] = f.num_threads;
+    d["copy_streams"] = f.copy_streams;
+    d["prefetch"] = f.prefetch;
+    d["window"] = f.window;
+    hooks::stall_warning()(**d);
   }
 
   const std::vector<py::str>& names() const { return names_; }
@@ -364,7 +379,7 @@ class PyEngine {
   std::unique_ptr<LoaderRuntime> runtime_;
   std::vector<py::str> names_;
   bool counting_ = true;
-  std::string pending_warning_;
+  std::optional<StallFigures> pending_stall_;  // a stall hint due at the next next()
 };
 
 const char* const kSupersededMessage =

@@ -44,11 +44,6 @@ void register_testing(py::module_& m) {
   // Waits until the frees fastload deferred to its own thread have run (tests that count memory).
   m.def("_flush_deferred_frees", [] { without_gil([] { cuda::flush_deferred_frees(); }); });
 
-  // The stall hint's choice of knob from stage busy shares (see run_stats.h): tests check every
-  // branch without having to make a real loop stall for each reason.
-  m.def("_stall_advice", &stall_advice, py::arg("collating"), py::arg("copying"), py::arg("num_threads"),
-        py::arg("streams"), py::arg("prefetch"), py::arg("user_share") = -1.0, py::arg("processes") = false,
-        py::arg("releasing") = 0.0, py::arg("fetch_share") = 0.0);
 }
 
 }  // namespace fastload

@@ -102,32 +102,30 @@ NextStatus LoaderRuntime::next_device(const Run& run, int output, cuda::api::CUs
   return transfer.next(run.pipeline.get(), stream, timeout, out);
 }
 
-std::string LoaderRuntime::stall_hint(const Run& run, double share, int64_t user_ns, bool processes) {
-  if (stall_warned_ || share <= RunStats::kStallShare) return "";
+bool LoaderRuntime::stall_figures(const Run& run, double share, StallFigures* out, int64_t user_ns, bool processes) {
+  if (stall_warned_ || share <= RunStats::kStallShare) return false;
   stall_warned_ = true;
   // Which stage is busy most of the time since the epoch began points to the knob.
   const double wall = std::chrono::duration<double, std::nano>(RunStats::Clock::now() - run.stats.started).count();
   const double collation_ns = static_cast<double>(run.pipeline->collation_times().total_ns());
-  const double collating = collation_ns / (wall * std::max(1, engine_->num_threads()));
-  const double user_share = user_ns < 0 ? -1.0 : static_cast<double>(user_ns) / std::max(1.0, collation_ns);
-  const double fetch_share = static_cast<double>(run.pipeline->fetch_wait_ns()) / std::max(1.0, collation_ns);
+  StallFigures f;
+  f.share = share;
+  f.collating = collation_ns / (wall * std::max(1, engine_->num_threads()));
+  f.user_share = user_ns < 0 ? -1.0 : static_cast<double>(user_ns) / std::max(1.0, collation_ns);
+  f.fetch_share = static_cast<double>(run.pipeline->fetch_wait_ns()) / std::max(1.0, collation_ns);
   // Copy time is the copies' own GPU time; the time they waited for memory the consumer's work
   // had not released yet is counted apart (it is the training step's time, not the loader's).
-  double copying = 0, releasing = 0;
   for (const auto& t : run.transfers) {
     if (!t) continue;
-    copying = std::max(copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
-    releasing = std::max(releasing, static_cast<double>(t->release_wait_ns()) / wall);
+    f.copying = std::max(f.copying, static_cast<double>(t->copy_times().total_ns()) / (wall * streams_));
+    f.releasing = std::max(f.releasing, static_cast<double>(t->release_wait_ns()) / wall);
   }
-  const std::string knob =
-      stall_advice(collating, copying, engine_->num_threads(), streams_, prefetch_, user_share, processes, releasing,
-                   fetch_share);
-  const std::string waited = std::to_string(static_cast<int>(share * 100)) + "% of the time over the last " +
-                             std::to_string(RunStats::kWindow) + " batches";
-  if (step_bound(releasing))
-    return "fastload: next() waited " + waited + ", for your GPU rather than for data: " + knob +
-           ". See loader.stats().";
-  return "fastload: the training loop waited for data " + waited + "; " + knob + ". See loader.stats().";
+  f.processes = processes;
+  f.num_threads = engine_->num_threads();
+  f.copy_streams = streams_;
+  f.prefetch = prefetch_;
+  *out = f;
+  return true;
 }
 
 MemoryCounts LoaderRuntime::memory() const {

@@ -73,7 +73,9 @@ class LoaderRuntime {
   // hint naming the knob the counters point to, or "" (nothing to say, or said already).
   // user_ns: time in a Python dataset's own code this epoch (negative: an array source);
   // processes: that code runs in worker processes.
-  std::string stall_hint(const Run& run, double share, int64_t user_ns = -1, bool processes = false);
+  // The stall hint's figures the first time the loop waited more than RunStats::kStallShare of
+  // the last window (once per loader; false otherwise). The text is Python's (see run_stats.h).
+  bool stall_figures(const Run& run, double share, StallFigures* out, int64_t user_ns = -1, bool processes = false);
 
   MemoryCounts memory() const;
   const BatchLayout& layout() const { return *layout_; }

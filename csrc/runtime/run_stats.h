@@ -49,45 +49,20 @@ struct RunStats {
   std::array<Clock::time_point, kWindow> times_{};
 };
 
-// The knob a stall hint names, from how busy each stage was since the epoch began: the share of
-// the collation threads' time spent building batches, and of the busiest GPU's copy streams'
-// time spent copying (0 on the CPU path). A stage busy more than kBusyShare of the time is the
-// bottleneck; when neither is, the data came but came unevenly, which a deeper window absorbs.
-inline constexpr double kBusyShare = 0.7;
-
-// releasing: the share of the time the busiest GPU's copies waited for the consumer's work to
-// release batch memory (the training step queued on the GPU ahead of them). When it is high, the
-// loop waits in next() for its own GPU work, not for the loader: no loader knob helps.
-inline bool step_bound(double releasing) { return releasing > kBusyShare; }
-
-// user_share: of the collation time, the share spent in a Python dataset's own code (negative for
-// array sources); processes: whether that code runs in worker processes already; fetch_share: of
-// the collation time, the share spent waiting for files from object storage.
-inline std::string stall_advice(double collating, double copying, int num_threads, int streams, int64_t prefetch,
-                                double user_share = -1.0, bool processes = false, double releasing = 0.0,
-                                double fetch_share = 0.0) {
-  if (step_bound(releasing))
-    return "the copies of the next batches waited " + std::to_string(static_cast<int>(releasing * 100)) +
-           "% of the time for your training step's GPU work to release batch memory: the training step is the "
-           "bottleneck, not data loading (no loader setting helps; a deeper prefetch would only hold more device "
-           "memory)";
-  if (collating > kBusyShare && user_share > 0.5)
-    return "the dataset's own code (__getitem__) is the bottleneck (" + std::to_string(static_cast<int>(user_share * 100)) +
-           "% of the workers' time): raise num_workers (now " + std::to_string(num_threads) + ")" +
-           (processes ? std::string("") : std::string(", or use workers='processes' if that code is pure Python "
-                                                      "(threads share one GIL)"));
-  if (collating > kBusyShare && fetch_share > 0.5)
-    return "the collation threads waited for object storage " + std::to_string(static_cast<int>(fetch_share * 100)) +
-           "% of their time: downloads are the bottleneck, not collation (a cache_limit that holds the dataset "
-           "makes later epochs read the local cache; more requests in flight: storage_options={'max_concurrency': "
-           "...})";
-  if (collating > kBusyShare)
-    return "collation is the bottleneck (" + std::to_string(num_threads) +
-           " threads): raise num_threads, or store fewer bytes per sample (float16, uint16)";
-  if (copying > kBusyShare)
-    return "the host-to-device copy is the bottleneck: raise streams (now " + std::to_string(streams) +
-           "), or store fewer bytes per sample";
-  return "batches arrive irregularly: raise prefetch (now " + std::to_string(prefetch) + ")";
-}
+// What the stall hint is made of: how long the loop waited, and how busy each stage was since the
+// epoch began. The runtime measures; the advice text is written in Python (fastload/_advice.py),
+// called through the bindings' hook when the hint is due.
+struct StallFigures {
+  double share = 0;       // the loop's wait in next() over the last kWindow batches' wall time
+  double collating = 0;   // the collation threads' busy share
+  double copying = 0;     // the busiest GPU's copy streams' busy share (0 on the CPU path)
+  double releasing = 0;   // the share of the time copies waited for the consumer's GPU work
+  double user_share = -1; // of the collation time, a Python dataset's own code (-1: not one)
+  double fetch_share = 0; // of the collation time, waiting for object storage
+  bool processes = false; // the dataset's code runs in worker processes
+  int num_threads = 0, copy_streams = 0;
+  int64_t prefetch = 0;
+  int window = RunStats::kWindow;
+};
 
 }  // namespace fastload

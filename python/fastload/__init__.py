@@ -1,5 +1,5 @@
 """fastload: a data loader for PyTorch whose sampling, collation and transfers run in C++."""
-from . import _C, _gpu_memory
+from . import _C, _advice, _gpu_memory
 from ._loader import Loader, LoaderIterator
 from ._sources.arrays import Dataset, Windows
 from ._sources.directory import DatasetError, DiskDataset
@@ -18,7 +18,8 @@ from .tools.tune import TunePoint, TuneResult, tune
 from ._version import __version__
 
 # The Python objects the native module calls back into, handed over once (csrc/bindings/hooks.h).
-_C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_cached)
+_C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_cached,
+                   stall_warning=_advice.stall_warning)
 
 __all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",

@@ -446,7 +446,7 @@ def test_the_stall_hint_names_streams_when_the_copies_are_the_bottleneck(driver,
         driver.fake_cuda_configure(b"max_delay_us", 100)
     hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
     assert len(hints) == 1, hints
-    assert "waited for data" in hints[0] and "raise streams (now 1)" in hints[0], hints[0]
+    assert "waited for data" in hints[0] and "raise copy_streams (now 1)" in hints[0], hints[0]
 
 
 def test_stats_count_the_copies_of_each_device(driver):
@@ -780,7 +780,7 @@ def test_a_gpu_bound_loop_stays_bounded_and_the_hint_names_the_step(driver, capl
     hints = [r.getMessage() for r in caplog.records if r.name == "fastload"]
     assert len(hints) == 1, hints
     assert "for your GPU rather than for data" in hints[0] and "the training step is the bottleneck" in hints[0], hints
-    assert "raise streams" not in hints[0]
+    assert "raise copy_streams" not in hints[0]
     (copy,) = stats.copy.values()
     (waited,) = stats.release_wait.values()
     assert copy.busy_s < 0.2 * stats.wall_s, stats  # the copies themselves are short
@@ -813,10 +813,11 @@ def release_cache():
     """Swaps the function next() calls to empty torch's cache, which fastload/__init__.py hands to
     the native module (_C._register_hooks), for the test's; registers the real one again after."""
     def use(function):
-        fl._C._register_hooks(sample_error=fl.SampleError, release_cache=function)
+        fl._C._register_hooks(sample_error=fl.SampleError, release_cache=function, stall_warning=fl._advice.stall_warning)
 
     yield use
-    fl._C._register_hooks(sample_error=fl.SampleError, release_cache=_gpu_memory.release_cached)
+    fl._C._register_hooks(sample_error=fl.SampleError, release_cache=_gpu_memory.release_cached,
+                          stall_warning=fl._advice.stall_warning)
 
 
 def test_memory_cached_by_another_allocator_is_released_and_the_loader_goes_on(driver, memory_cap, release_cache):
