@@ -9,7 +9,7 @@ import pytest
 import torch
 
 
-# The quick subset (`pytest -m quick`, about a minute on two cores): the loader, the sampler, bad
+# The quick subset (`pytest -m quick`, 15-50 s on two cores): the loader, the sampler, bad
 # input, resume state, the packaging metadata and the documentation's examples. Whole files, less
 # their slow, distributed and GPU tests; tests/test_quick.py keeps it small.
 QUICK_FILES = frozenset({

@@ -69,3 +69,41 @@ def test_lightning_resumes_mid_epoch_without_repeating_or_skipping(tmp_path, ste
     assert len(resumed) == len(full) - step
     for a, b in zip(full[:step] + resumed, full, strict=True):
         assert np.array_equal(a, b)
+
+
+def _page_blocks() -> list[str]:
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).parent.parent / "docs" / "lightning.md"
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+
+
+@pytest.mark.slow  # three Trainer runs, about 10 s
+def test_the_lightning_page_runs_as_written_and_resumes_at_the_next_batch(tmp_path, monkeypatch):
+    """docs/lightning.md's example, run as written (its __main__ part too), then again with each
+    batch's sample ids recorded: the run resumed from the checkpoint at step 20 trains on the
+    uninterrupted run's batches from the 21st on."""
+    (block,) = _page_blocks()
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's own advice (workers, logging) is not under test
+        exec(compile(block, "docs/lightning.md", "exec"), {"__name__": "__main__"})
+        assert (tmp_path / "checkpoints" / "step=20.ckpt").exists()
+        scope: dict = {"__name__": "lightning_page"}
+        exec(compile(block, "docs/lightning.md", "exec"), scope)
+        seen: list[np.ndarray] = []
+
+        class Recording(scope["Model"]):
+            def training_step(self, batch, batch_idx):
+                seen.append(batch["index"].numpy().copy())
+                return super().training_step(batch, batch_idx)
+
+        scope["trainer"](enable_checkpointing=False).fit(Recording())
+        full, seen[:] = list(seen), []
+        scope["trainer"](enable_checkpointing=False).fit(Recording(), ckpt_path="checkpoints/step=20.ckpt")
+    assert len(full) == 2 * 16 and len(seen) == len(full) - 20
+    for a, b in zip(seen, full[20:], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for epoch in range(2):
+        np.testing.assert_array_equal(np.sort(np.concatenate(full[epoch * 16:(epoch + 1) * 16])), np.arange(512))
