@@ -251,3 +251,23 @@ def test_http_urls_read_the_partitions_of_their_paths(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_pandas_partitioned_output_and_string_keys_as_padded_bytes(tmp_path):
+    import pandas as pd
+    import torch
+
+    frame = _table(300).to_pandas()
+    root = str(tmp_path / "pd")
+    frame.to_parquet(root, partition_cols=["city", "year"])
+    reference = _reference(root)
+    src = fl.Parquet(root)
+    assert src.partition_columns == ["city", "year"] and _read(src) == reference
+    assert pd.read_parquet(root).shape[0] == len(src)
+    padded = fl.Parquet(root, ["id", "city"], max_length={"city": 6})
+    assert padded.schema["city"] == (torch.uint8, (6,), "string")
+    got = _by_id([{k: v.tolist() for k, v in b.items()} for b in batches(fl.Loader(padded, batch_size=64,
+                                                                                  device="cpu"))])
+    for row, n, city in zip(got["city"], got["city_lengths"], reference["city"]):
+        raw = city.encode()[:6]
+        assert n == len(raw) and bytes(row[:n]) == raw and not any(row[n:])

@@ -108,3 +108,10 @@ def test_access_refused_mid_epoch_is_permission_error(s3_server, s3_proxy, tmp_p
     s3_proxy.arm("403", match="part-1.parquet", times=1000)
     with pytest.raises(PermissionError, match=rf"s3://{bucket}/pq/part-1.parquet: access denied"):
         _iterate(remote)
+    small_dataset(tmp_path / "d", 4, 0)
+    upload_dir(s3, bucket, "d", tmp_path / "d")
+    dataset = fl.Dataset.open(f"s3://{bucket}/d", storage_options=opts(s3_proxy.url, client=client),
+                              cache_dir=tmp_path / "c2")
+    s3_proxy.arm("403", match="000002.npy", times=1000)
+    with pytest.raises(PermissionError, match=rf"s3://{bucket}/d/x/000002.npy: access denied"):
+        _iterate(dataset)

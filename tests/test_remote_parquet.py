@@ -260,6 +260,16 @@ def test_http_urls_public_objects_and_a_plain_file_server(parquet_dir, s3_server
         server.server_close()
 
 
+def test_a_pickled_prefix_is_listed_again_and_refuses_objects_added_since(parquet_dir, s3_server, tmp_path):
+    bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
+    remote = fl.Parquet(f"s3://{bucket}/pq", ["id"], storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "c")
+    data = pickle.dumps(remote)
+    assert pickle.loads(data).files == remote.files
+    s3.put_object(Bucket=bucket, Key="pq/part-00009.parquet", Body=(parquet_dir / "part-00000.parquet").read_bytes())
+    with pytest.raises(ValueError, match=r"changed since this source was pickled \(objects rewritten, added or removed"):
+        pickle.loads(data)
+
+
 @pytest.mark.parametrize("kind", ["local", "s3", "http"])
 def test_without_pyarrow_every_parquet_source_names_the_pip_command(parquet_dir, s3_server, s3_proxy, tmp_path,
                                                                    monkeypatch, kind):
