@@ -11,6 +11,7 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 
 import fastload as fl
 from remote_helpers import S3_CLIENTS, opts, upload_dir
@@ -81,15 +82,9 @@ def test_partition_columns_are_read_as_pyarrow_reads_them(tmp_path, partition_co
     kinds = ds.dataset(root, partitioning="hive").schema
     for name in partition_cols:
         assert src.schema[name].arrow_type == str(kinds.field(name).type)  # int32 / string, as pyarrow infers
-    assert src.schema["year"].dtype == torch_int32()
+    assert src.schema["year"].dtype == torch.int32
     if "city" in partition_cols:
         assert src.schema["city"].dtype is str  # a Python list of the batch's values, as any string column
-
-
-def torch_int32():
-    import torch
-
-    return torch.int32
 
 
 def test_values_are_url_decoded_null_and_typed_as_pyarrow_does(tmp_path):
@@ -255,7 +250,6 @@ def test_http_urls_read_the_partitions_of_their_paths(tmp_path):
 
 def test_pandas_partitioned_output_and_string_keys_as_padded_bytes(tmp_path):
     import pandas as pd
-    import torch
 
     frame = _table(300).to_pandas()
     root = str(tmp_path / "pd")

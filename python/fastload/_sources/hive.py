@@ -1,13 +1,14 @@
 """Hive partition columns of a Parquet source: the `key=value` directory names that pyarrow's
-`write_to_dataset(partition_cols=...)`, Spark, Polars and DuckDB write read back as columns, as
-pyarrow's dataset discovery (`pyarrow.dataset.dataset(root, partitioning="hive")`) reads them.
+`write_to_dataset(partition_cols=...)` and pandas' `to_parquet(partition_cols=...)` write, read
+back as columns as pyarrow's dataset discovery (`pyarrow.dataset.dataset(root, partitioning="hive")`) reads them.
 A file's partition values are constants of all its rows: they come from its path, no data is read.
 
 The rules (pyarrow's): a directory name with a `=` is `key=value`, both URL-decoded
 (`city=a%20b` is "a b"); `__HIVE_DEFAULT_PARTITION__` is null; a key missing from a file's
 directories is null for its rows; a key whose values all parse as int32 is int32, any other is a
-string (null in every file: a string). Which directory names count: those below the directory given (a prefix for a URL); for a
-list of files, every directory of each file's path as given; a single file given alone has none."""
+string (null in every file: a string). Which directory names count: those below the directory
+given (a prefix for a URL); for a list of files, every directory of each file's path as given; a
+single file given alone has none."""
 from __future__ import annotations
 
 import urllib.parse

@@ -368,9 +368,10 @@ def _with_partitions(schema: Any, partitions: Partitions) -> Any:
     leaves = {c["name"] for c in _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__()).columns}
     for name in partitions.names:
         if name in schema.names or name in leaves:
+            column = schema.field(name).type if name in schema.names else "a struct field"
             raise ValueError(f"the partition key {name!r} (directories named {name}=...) is also a column of the "
-                             f"Parquet files ({name!r}: {schema.field(name).type if name in schema.names else 'a struct field'}): "
-                             "which one a batch holds is ambiguous; rename the directories or the column")
+                             f"Parquet files ({name!r}: {column}): which one a batch holds is ambiguous; rename the "
+                             "directories or the column")
     import pyarrow as pa  # noqa: PLC0415 - present: the constructor imported it
 
     for name, t in zip(partitions.names, partitions.types):
