@@ -62,6 +62,12 @@ def batches(loader) -> list:
         loader.close()
 
 
+def _read_keys(source) -> tuple:
+    """(year, city) of every row, in the source's order (no id column to sort by)."""
+    got = batches(fl.Loader(source, batch_size=1000, device="cpu"))
+    return [v for b in got for v in b["year"].tolist()], [v for b in got for v in b["city"]]
+
+
 def _read(source, **kw) -> dict:
     return _by_id(batches(fl.Loader(source, batch_size=64, device="cpu", **kw)))
 
@@ -165,6 +171,23 @@ def test_a_partition_key_that_is_also_a_column_is_refused_naming_both(tmp_path):
     pq.write_table(pa.table({"id": [1]}), twice / "k=1" / "k=2" / "p.parquet")
     with pytest.raises(ValueError, match=r"partition key 'k' appears twice .*'1' and '2'"):
         fl.Parquet(str(twice))
+    bad = tmp_path / "bad"
+    os.makedirs(bad / "k=%FF")
+    pq.write_table(pa.table({"id": [1]}), bad / "k=%FF" / "p.parquet")
+    with pytest.raises(ValueError, match=r"the directory name 'k=%FF' is not valid UTF-8 once URL-decoded"):
+        fl.Parquet(str(bad))  # pyarrow refuses it too
+
+
+def test_a_key_null_in_every_file_is_a_string_column_of_nulls(tmp_path):
+    """pyarrow refuses to type it; here it is refused only when read without a fill."""
+    root = tmp_path / "nulls"
+    os.makedirs(root / "k=__HIVE_DEFAULT_PARTITION__")
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), root / "k=__HIVE_DEFAULT_PARTITION__" / "p.parquet")
+    with pytest.raises(ValueError, match=r"partition column 'k' is null"):
+        fl.Parquet(str(root))
+    assert fl.Parquet(str(root), ["id"]).names == ["id"]
+    filled = fl.Parquet(str(root), fill_null={"k": None})
+    assert filled.schema["k"].arrow_type == "string" and _read(filled)["k"] == [None, None]
 
 
 def test_lists_of_files_and_single_files_follow_pyarrow(tmp_path):
@@ -210,6 +233,11 @@ def test_s3_partition_columns_equal_local(tmp_path, s3_server, client):
         assert _read(remote, shuffle=True, seed=1, num_threads=2) == reference
     back = pickle.loads(pickle.dumps(remote))
     assert back.names == remote.names and _read(back) == reference
+    # Partition columns only: an epoch fetches no file (nothing to decode, nothing prefetched).
+    keys = fl.Parquet(f"s3://{bucket}/run=1/tbl/", ["year", "city"], storage_options=opts(s3_server[0], client=client),
+                      cache_dir=tmp_path / "keys")
+    assert sorted(zip(*_read_keys(keys))) == sorted(zip(reference["year"], reference["city"]))
+    assert keys.storage_stats().bytes_fetched == 0
     # A list of URLs: every directory of each key counts (run=1 too), as pyarrow reads a list of files.
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"])
     listed = fl.Parquet([f"s3://{bucket}/{k}" for k in keys], storage_options=opts(s3_server[0], client=client),

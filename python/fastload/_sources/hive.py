@@ -1,7 +1,8 @@
 """Hive partition columns of a Parquet source: the `key=value` directory names that pyarrow's
 `write_to_dataset(partition_cols=...)` and pandas' `to_parquet(partition_cols=...)` write, read
-back as columns as pyarrow's dataset discovery (`pyarrow.dataset.dataset(root, partitioning="hive")`) reads them.
-A file's partition values are constants of all its rows: they come from its path, no data is read.
+back as columns as pyarrow's dataset discovery reads them (`pyarrow.dataset.dataset(root,
+partitioning="hive")`). A file's partition values are constants of all its rows: they come from
+its path, no data is read.
 
 The rules (pyarrow's): a directory name with a `=` is `key=value`, both URL-decoded
 (`city=a%20b` is "a b"); `__HIVE_DEFAULT_PARTITION__` is null; a key missing from a file's

@@ -246,7 +246,8 @@ class RemoteParquet(Parquet):
 
     # ---------------------------------------------------------------- object storage
     def _remote_fetcher(self) -> Any:
-        return self._by_file
+        # Partition columns only: no file is read, so none is fetched (the plan hooks skip a None).
+        return self._by_file if self._read else None
 
     def storage_stats(self) -> StorageStats:
         """Bytes fetched, requests, cache hits and misses, time waited, bytes/s, cache use."""
