@@ -1,7 +1,8 @@
 """What each column of an Arrow or Parquet source becomes in a batch, and the Arrow type it came
-from: `source.schema`. The Arrow type is spelled as pyarrow spells it, unit and time zone
-included (`timestamp[ms, tz=UTC]`, `date32[day]`, `duration[ns]`): dates, times, timestamps and
-durations arrive as their stored integers, which mean nothing without it."""
+from: `source.schema`. Dates, times, timestamps and durations are spelled as pyarrow spells them,
+unit and time zone included (`timestamp[ms, tz=UTC]`, `date32[day]`, `duration[ns]`): they arrive
+as their stored integers, which mean nothing without it. Other types as the native reader names
+them in its messages (`list<int32>`, `fixed_size_list<float32, 2>`, `dictionary<string>`)."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -22,7 +23,7 @@ class ColumnType(NamedTuple):
     dtype: the torch dtype of the batch entry; `str` or `bytes` for a string or binary column
         given as a Python list of the batch's values.
     shape: one row's shape (the entry is (batch, *shape)); () for a list of values.
-    arrow_type: the Arrow type read, as pyarrow spells it (`timestamp[us, tz=Europe/Paris]`).
+    arrow_type: the Arrow type read (`timestamp[us, tz=Europe/Paris]`, `list<int32>`).
     """
     dtype: Any
     shape: tuple
