@@ -258,3 +258,32 @@ def test_http_urls_public_objects_and_a_plain_file_server(parquet_dir, s3_server
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_pickled_prefix_is_listed_again_and_refuses_objects_added_since(parquet_dir, s3_server, tmp_path):
+    bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
+    remote = fl.Parquet(f"s3://{bucket}/pq", ["id"], storage_options=_opts(s3_server[0]), cache_dir=tmp_path / "c")
+    data = pickle.dumps(remote)
+    assert pickle.loads(data).files == remote.files
+    s3.put_object(Bucket=bucket, Key="pq/part-00009.parquet", Body=(parquet_dir / "part-00000.parquet").read_bytes())
+    with pytest.raises(ValueError, match=r"changed since this source was pickled \(objects rewritten, added or removed"):
+        pickle.loads(data)
+
+
+@pytest.mark.parametrize("kind", ["local", "s3", "http"])
+def test_without_pyarrow_every_parquet_source_names_the_pip_command(parquet_dir, s3_server, s3_proxy, tmp_path,
+                                                                   monkeypatch, kind):
+    """pyarrow missing (its modules hidden: an import of them raises ImportError): local and remote
+    Parquet say how to install it, before any request; never "not a readable Parquet file"."""
+    bucket, s3 = _upload_s3(s3_server[0], parquet_dir)
+    s3.put_object_acl(Bucket=bucket, Key="pq/part-00000.parquet", ACL="public-read")
+    path = {"local": str(parquet_dir), "s3": f"s3://{bucket}/pq/",
+            "http": [f"{s3_proxy.url}/{bucket}/pq/part-00000.parquet"]}[kind]
+    kw = {} if kind == "local" else {"storage_options": _opts(s3_proxy.url) if kind == "s3" else {"backoff": 0.01},
+                                     "cache_dir": tmp_path / "cache"}
+    s3_proxy.reset_counts()
+    for module in ("pyarrow", "pyarrow.parquet", "pyarrow.dataset"):
+        monkeypatch.setitem(__import__("sys").modules, module, None)
+    with pytest.raises(ImportError, match=r"pip install 'fastload\[arrow\]'"):
+        fl.Parquet(path, **kw)
+    assert not s3_proxy.log  # no listing, no footer read

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/callback_error.h"
 #include "bindings/python_ref.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
@@ -175,6 +176,7 @@ void register_arrow(py::module_& m) {
         *bytes = t[1].cast<int64_t>();
         return from_stream(t[0]);
       } catch (py::error_already_set& e) {
+        if (keeps_type(e)) throw callback_error(e);  // an object deleted from its bucket: FileNotFoundError
         const std::string what = e.what();  // the message, read while the GIL is held
         e.restore();
         PyErr_Clear();

@@ -13,6 +13,7 @@
 // a bounded number at a time, for sources of more files than the process may map at once.
 #include "bindings/file_mapping.h"
 
+#include "bindings/callback_error.h"
 #include "bindings/python_ref.h"
 
 #include <pybind11/numpy.h>
@@ -182,6 +183,7 @@ void set_provider(LazyFiles& files, py::function fn) {
       auto t = r.cast<std::tuple<int64_t, int64_t, int64_t, int64_t>>();
       return FileIdentity{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t)};
     } catch (py::error_already_set& e) {
+      if (keeps_type(e)) throw callback_error(e);  // an object deleted from its bucket: FileNotFoundError
       std::string message = py::str(e.value());
       throw std::runtime_error(message);
     } catch (const py::cast_error& e) {

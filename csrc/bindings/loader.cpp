@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "bindings/callback_error.h"
 #include "bindings/device_part.h"
 #include "bindings/dlpack_export.h"
 #include "bindings/exit_parking.h"
@@ -533,6 +534,8 @@ void translate_collation_error(const CollationError& e) {
     std::rethrow_exception(e.original());
   } catch (const SampleError& s) {
     set_sample_error(s, e.what());
+  } catch (const CallbackError& c) {
+    set_callback_error(c, e.what());
   } catch (const std::bad_alloc&) {
     PyErr_SetString(PyExc_MemoryError, e.what());
   } catch (const std::invalid_argument&) {
@@ -551,6 +554,8 @@ void register_loader(py::module_& m) {
       std::rethrow_exception(p);
     } catch (const CollationError& e) {
       translate_collation_error(e);
+    } catch (const CallbackError& e) {  // a callback's failure outside the collation threads
+      set_callback_error(e, e.what());
     } catch (const cuda::OutOfMemory& e) {
       // torch's own type (a RuntimeError), so code that handles torch's out-of-memory errors
       // handles the loader's too.

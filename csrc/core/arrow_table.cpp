@@ -11,6 +11,27 @@ namespace {
 
 bool starts_with(const char* s, const char* prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
 
+// Dates, times, timestamps and durations as pyarrow spells them, unit and time zone included: a
+// batch holds their integers, which mean nothing without the unit.
+std::string temporal_name(const std::string& f) {
+  static const std::pair<const char*, const char*> fixed[] = {
+      {"tdD", "date32[day]"}, {"tdm", "date64[ms]"}, {"tts", "time32[s]"},       {"ttm", "time32[ms]"},
+      {"ttu", "time64[us]"},  {"ttn", "time64[ns]"}, {"tiM", "month_interval"}, {"tiD", "day_time_interval"},
+      {"tin", "month_day_nano_interval"}};
+  for (const auto& [code, name] : fixed)
+    if (f == code) return name;
+  static const std::pair<char, const char*> units[] = {{'s', "s"}, {'m', "ms"}, {'u', "us"}, {'n', "ns"}};
+  std::string unit = "?";
+  for (const auto& [code, name] : units)
+    if (f[2] == code) unit = name;
+  if (starts_with(f.c_str(), "tD")) return "duration[" + unit + "]";
+  if (starts_with(f.c_str(), "ts")) {  // "tsu:" or "tsu:Europe/Paris"
+    const std::string zone = f.size() > 4 ? f.substr(4) : "";
+    return "timestamp[" + unit + (zone.empty() ? "" : ", tz=" + zone) + "]";
+  }
+  return "format '" + f + "'";
+}
+
 // A readable name for an Arrow format string (the C data interface's spelling otherwise).
 std::string type_name(const ArrowSchema* s) {
   const std::string f = s->format ? s->format : "?";
@@ -29,11 +50,7 @@ std::string type_name(const ArrowSchema* s) {
   if (starts_with(f.c_str(), "+u")) return "union";
   if (starts_with(f.c_str(), "d:")) return "decimal(" + f.substr(2) + ")";
   if (starts_with(f.c_str(), "w:")) return "fixed_size_binary(" + f.substr(2) + ")";
-  if (starts_with(f.c_str(), "ts")) return "timestamp";
-  if (starts_with(f.c_str(), "tD")) return "duration";
-  if (starts_with(f.c_str(), "td")) return "date";
-  if (starts_with(f.c_str(), "tt")) return "time";
-  if (starts_with(f.c_str(), "ti")) return "interval";
+  if (f.size() >= 3 && f[0] == 't') return temporal_name(f);
   return "format '" + f + "'";
 }
 

@@ -236,6 +236,15 @@ class Arrow:
         """Rows per Arrow chunk; None through an indices mapping (its rows are not chunk-ordered)."""
         return None if self._indices is not None else list(self._table.chunk_rows)
 
+    @property
+    def schema(self) -> dict[str, Any]:
+        """{column: (dtype, shape, arrow_type)} of the columns read: the torch dtype and row shape
+        of its batch entry (`str`/`bytes` for a list of values) and its Arrow type, unit and time
+        zone included (`timestamp[ms, tz=UTC]`: its int64s are milliseconds)."""
+        from .column_types import column_types  # noqa: PLC0415 - torch and this module only
+
+        return column_types(self._table, self._selected, self._native)
+
     def native_source(self) -> Any:
         return self._native
 

@@ -12,6 +12,8 @@ from typing import Any, Mapping, Sequence
 
 from .. import _C, _lifecycle
 from .arrow import plan_columns
+from .column_types import ColumnType, column_types
+from .hive import NULL_VALUE, Partitions, discover
 
 __all__ = ["Parquet"]
 
@@ -52,27 +54,39 @@ def _hidden(name: str) -> bool:
 def parquet_files(path: Any) -> list[str]:
     """The files of a path (a file, a directory searched recursively in name order, skipping hidden
     and `_`-prefixed entries such as _SUCCESS), or of a list of paths."""
+    return [f for f, _ in parquet_files_and_dirs(path)]
+
+
+def parquet_files_and_dirs(path: Any, in_list: bool = False) -> list[tuple[str, list[str]]]:
+    """parquet_files(path), each with the directory names its hive partition values come from
+    (hive.py): those below a directory; for a file named in a list, every directory of its path as
+    given; none for a single file given alone (pyarrow's rules)."""
     if isinstance(path, (list, tuple)):
         if not path:
             raise ValueError("path must name at least one Parquet file, got an empty list")
-        out: list[str] = []
+        out: list[tuple[str, list[str]]] = []
         for p in path:
-            out += parquet_files(p)
+            out += parquet_files_and_dirs(p, in_list=True)
         return out
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a file, a directory or a list of them, got {type(path).__name__}")
     path = os.fspath(path)
     if os.path.isfile(path):
-        return [path]
+        return [(path, _dirs_of(os.path.dirname(path)) if in_list else [])]
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no Parquet file or directory at {path}")
     found = []
     for root, dirs, files in os.walk(path):
         dirs[:] = sorted(d for d in dirs if not _hidden(d))
-        found += [os.path.join(root, f) for f in sorted(files) if not _hidden(f) and not f.endswith(".crc")]
+        below = _dirs_of(os.path.relpath(root, path))
+        found += [(os.path.join(root, f), below) for f in sorted(files) if not _hidden(f) and not f.endswith(".crc")]
     if not found:
         raise ValueError(f"the directory {path} holds no Parquet files")
     return found
+
+
+def _dirs_of(folder: str) -> list[str]:
+    return [d for d in folder.replace(os.sep, "/").split("/") if d not in ("", ".")]
 
 
 # The class fl.Parquet builds for URLs: remote_parquet.py registers its subclass when it is
@@ -141,7 +155,9 @@ class Parquet:
         self._open_args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length,
                            "fill_null": fill_null, "with_valid": with_valid, "cache_bytes": cache_bytes,
                            "decode_threads": decode_threads}
-        self._paths = self._locate(path)
+        located = self._locate(path)
+        self._paths = [p for p, _ in located]
+        self._partitions = discover(self._paths, [dirs for _, dirs in located])
         self._states = [self._state(k) for k in range(len(self._paths))]
         if cache_bytes is None:
             cache_bytes = _DEFAULT_CACHE_BYTES
@@ -171,16 +187,19 @@ class Parquet:
             for g in range(meta.num_row_groups):
                 self._groups.append((k, g))
                 rows.append(meta.row_group(g).num_rows)
-        self._schema = schema
-        self._schema_table = _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__())
+        self._schema = _with_partitions(schema, self._partitions)  # the files' columns, then the partitions'
+        self._schema_table = _C.ArrowTable.from_stream(self._schema.empty_table().__arrow_c_stream__())
         self._selected, self._requests, self._names = plan_columns(
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
         self.string_lists = [r[0] for r in self._requests if r[6]]
         self._read = [f.name for f in schema if any(n == f.name or n.startswith(f.name + ".") for n in self._selected)]
         self._read_schema = pa.schema([schema.field(n) for n in self._read])  # a row group of no rows decodes to this
+        # The partition columns read: added to each decoded row group from the file's path.
+        self._partitions_read = [j for j, n in enumerate(self._partitions.names) if n in self._selected]
         self._fragments: dict[int, Any] = {}
         self._pool = _decode_pool()
         self._check_null_counts(metas, fill_null or {})
+        self._check_null_partitions(fill_null or {})
         self._rows = rows
         if sum(rows) == 0:
             raise ValueError(f"the Parquet files at {path} hold no rows")
@@ -218,10 +237,22 @@ class Parquet:
                                          f"fill_null={{{c.path_in_schema!r}: value}} or drop it with columns=[...]")
                 start += rg.num_rows
 
-    # Where the files are (overridden by RemoteParquet): their names, a state that changes when a
-    # file is rewritten, a ParquetFile that has read the footer only, and one to decode from.
-    def _locate(self, path: Any) -> list[str]:
-        return parquet_files(path)
+    def _check_null_partitions(self, fills: Mapping[str, Any]) -> None:
+        """A partition column read is refused at open where a file's rows hold null for it (a
+        directory named key=__HIVE_DEFAULT_PARTITION__, or none for the key), unless filled."""
+        for j in self._partitions_read:
+            name = self._partitions.names[j]
+            null = next((k for k, values in enumerate(self._partitions.values) if values[j] is None), None)
+            if null is not None and name not in fills:
+                raise ValueError(f"Parquet partition column {name!r} is null for the rows of {self._paths[null]} (its "
+                                 f"directory is {name}={NULL_VALUE}, or it has no {name}= directory): pass "
+                                 f"fill_null={{{name!r}: value}} or drop it with columns=[...]")
+
+    # Where the files are (overridden by RemoteParquet): their names, each with the directory
+    # names its partition values come from, a state that changes when a file is rewritten, a
+    # ParquetFile that has read the footer only, and one to decode from.
+    def _locate(self, path: Any) -> list[tuple[str, list[str]]]:
+        return parquet_files_and_dirs(path)
 
     def _state(self, k: int) -> Any:
         return _file_state(self._paths[k])
@@ -250,6 +281,10 @@ class Parquet:
         path = self._paths[k]
         if self._state(k) != self._states[k]:
             raise ValueError(f"the Parquet file {path} was rewritten since the source was opened: open it again")
+        partitions = self._partitions.columns(k, self._rows[group], self._partitions_read)
+        if not self._read:  # only partition columns: constants of the file's path, nothing to decode
+            table = pa.table(dict(partitions))
+            return table.__arrow_c_stream__(), table.nbytes
         # Decoded in record batches of a few MiB, not in one piece: each is written while it is
         # in the caches, and no buffer grows by reallocation (a whole 128 MiB row group in one
         # read_row_group costs ~1.5x the CPU). One thread per row group: the decode threads
@@ -258,6 +293,8 @@ class Parquet:
         batches = list(group_of_file.to_batches(columns=self._read, batch_size=_DECODE_BATCH_ROWS, use_threads=False,
                                                 memory_pool=self._pool))
         table = pa.Table.from_batches(batches) if batches else self._read_schema.empty_table()
+        for name, values in partitions:
+            table = table.append_column(name, values)
         return table.__arrow_c_stream__(), table.nbytes
 
     def __len__(self) -> int:
@@ -275,6 +312,19 @@ class Parquet:
     @property
     def files(self) -> list[str]:
         return list(self._paths)
+
+    @property
+    def schema(self) -> dict[str, ColumnType]:
+        """{column: (dtype, shape, arrow_type)} of the columns read: the torch dtype and row shape
+        of its batch entry (`str`/`bytes` for a list of values), and the Arrow type pyarrow reads
+        from the files, unit and time zone included (`timestamp[ms, tz=UTC]`: its int64s are
+        milliseconds). Partition columns come last, as pyarrow puts them."""
+        return column_types(self._schema_table, self._selected, self._native)
+
+    @property
+    def partition_columns(self) -> list[str]:
+        """The hive partition keys found in the files' directory names (`year=2024/...`), read or not."""
+        return list(self._partitions.names)
 
     def native_source(self) -> Any:
         return self._native
@@ -308,6 +358,25 @@ class Parquet:
     def __repr__(self) -> str:
         return (f"Parquet({len(self)} rows in {len(self._rows)} row groups of {len(self._paths)} files; "
                 f"{', '.join(self._selected)})")
+
+
+def _with_partitions(schema: Any, partitions: Partitions) -> Any:
+    """The files' schema with the partition columns after its own; a key that is also a column of
+    the files (or a struct's field flattened, `meta.id`) is refused naming both."""
+    if not partitions.names:
+        return schema
+    leaves = {c["name"] for c in _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__()).columns}
+    for name in partitions.names:
+        if name in schema.names or name in leaves:
+            column = schema.field(name).type if name in schema.names else "a struct field"
+            raise ValueError(f"the partition key {name!r} (directories named {name}=...) is also a column of the "
+                             f"Parquet files ({name!r}: {column}): which one a batch holds is ambiguous; rename the "
+                             "directories or the column")
+    import pyarrow as pa  # noqa: PLC0415 - present: the constructor imported it
+
+    for name, t in zip(partitions.names, partitions.types):
+        schema = schema.append(pa.field(name, t))
+    return schema
 
 
 def _weak_decode(method: "weakref.WeakMethod[Any]") -> Any:

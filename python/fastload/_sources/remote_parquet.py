@@ -16,7 +16,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .parquet import Parquet, _hidden, _import_pyarrow, register_url_class
+from .parquet import Parquet, _dirs_of, _hidden, _import_pyarrow, register_url_class
 from .remote import _folder, _limit, _remote_urls
 from .._storage.cache import Entry, ObjectCache, cache_key
 from .._storage.client import BodyCheck, Client, redacted_options
@@ -78,8 +78,9 @@ def _read_footer(client: Client, url: Url, size: int, version: str) -> tuple[_Op
         raise ValueError(f"{url} is not a readable Parquet file (a footer of {need} bytes in {size})")
     if need > len(tail):
         tail = client.get_range(url, size - need, size - len(tail), version) + tail
+    pq = _import_pyarrow()  # its ImportError names the pip command; not "not a readable Parquet file"
     try:
-        meta = _import_pyarrow().read_metadata(_Footer(str(url), size, tail))  # reads within the tail only
+        meta = pq.read_metadata(_Footer(str(url), size, tail))  # reads within the tail only
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad footer
         raise ValueError(f"{url} is not a readable Parquet file ({e})") from None
     return _Opened(meta.schema.to_arrow_schema(), meta), tail[-need:]
@@ -166,8 +167,9 @@ class RemoteParquet(Parquet):
 
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, storage_options: Mapping[str, Any] | None = None,
                  cache_dir: Any = None, cache_limit: Any = None, **kwargs: Any):
+        _import_pyarrow()  # without pyarrow: the pip command, before any request
         self._options = dict(storage_options or {})
-        self._args = (columns, kwargs, cache_dir, cache_limit)
+        self._args = (path, columns, kwargs, cache_dir, cache_limit)
         urls, sizes, tags, client = _remote_urls(path, lambda scheme: make_client(scheme, self._options))
         if isinstance(path, str):  # a prefix: skip _SUCCESS, _metadata, .crc files, hidden folders
             base = parse_url(path, "path").key
@@ -176,6 +178,10 @@ class RemoteParquet(Parquet):
             if not keep:
                 raise ValueError(f"the prefix {path} holds no Parquet files")
             urls, sizes, tags = [urls[k] for k in keep], [sizes[k] for k in keep], [tags[k] for k in keep]
+            # Hive partitions: the directory names below the prefix (as below a local directory).
+            self._dirs = [_dirs_of(u.key[len(base):].rpartition("/")[0]) for u in urls]
+        else:  # a list of URLs: every directory of each key (as for a list of local files)
+            self._dirs = [_dirs_of(u.key.rpartition("/")[0]) for u in urls]
         self._urls, self._client = urls, client
         self._remote_states = [(str(u), n, t) for u, n, t in zip(urls, sizes, tags)]
         with concurrent.futures.ThreadPoolExecutor(max(1, min(client.concurrency, len(urls)))) as pool:
@@ -207,8 +213,8 @@ class RemoteParquet(Parquet):
         self._by_file = _ByFile(self._fetcher, file_of_group, group_bytes.astype(np.int64))
 
     # ---------------------------------------------------------------- the seam of parquet.Parquet
-    def _locate(self, path: Any) -> list[str]:
-        return [str(u) for u in self._urls]
+    def _locate(self, path: Any) -> list[tuple[str, list[str]]]:
+        return [(str(u), dirs) for u, dirs in zip(self._urls, self._dirs)]
 
     def _state(self, k: int) -> Any:
         return self._remote_states[k]  # what was listed: each download is pinned to it
@@ -227,10 +233,12 @@ class RemoteParquet(Parquet):
         for _ in range(3):  # a file another process evicted between the two steps is fetched again
             self._pins.pin(k, 1)
             try:
+                # An object gone from the bucket is a FileNotFoundError naming its URL: raised as it is.
                 self._fetcher.provide(k)
-                mapped = pa.memory_map(self._cache.path(self._fetcher.entries[k].rel)).read_buffer()
-            except FileNotFoundError:
-                continue
+                try:
+                    mapped = pa.memory_map(self._cache.path(self._fetcher.entries[k].rel)).read_buffer()
+                except FileNotFoundError:  # the cached copy, evicted since it was made present
+                    continue
             finally:
                 self._pins.pin(k, -1)
             return pads.ParquetFileFormat().make_fragment(mapped)
@@ -238,7 +246,8 @@ class RemoteParquet(Parquet):
 
     # ---------------------------------------------------------------- object storage
     def _remote_fetcher(self) -> Any:
-        return self._by_file
+        # Partition columns only: no file is read, so none is fetched (the plan hooks skip a None).
+        return self._by_file if self._read else None
 
     def storage_stats(self) -> StorageStats:
         """Bytes fetched, requests, cache hits and misses, time waited, bytes/s, cache use."""
@@ -251,21 +260,23 @@ class RemoteParquet(Parquet):
             raise ValueError("the Parquet files of this Loader are not those of its source: build a new Loader")
 
     def __reduce__(self) -> Any:
-        # Credentials never travel: the unpickled source reads them from its process's chain.
-        columns, kwargs, cache_dir, cache_limit = self._args
-        return _reopen, ([s[0] for s in self._remote_states], columns, kwargs, redacted_options(self._options),
-                         cache_dir, cache_limit, self._remote_states)
+        # Credentials never travel: the unpickled source reads them from its process's chain. The
+        # path as given (a prefix is listed again): the partition columns come from it.
+        path, columns, kwargs, cache_dir, cache_limit = self._args
+        return _reopen, (path, columns, kwargs, redacted_options(self._options), cache_dir, cache_limit,
+                         self._remote_states)
 
     def __repr__(self) -> str:
         return "Remote" + super().__repr__()
 
 
-def _reopen(urls: list[str], columns: Any, kwargs: dict, options: dict, cache_dir: Any, cache_limit: Any,
+def _reopen(path: Any, columns: Any, kwargs: dict, options: dict, cache_dir: Any, cache_limit: Any,
             states: list) -> RemoteParquet:
-    source = RemoteParquet(urls, columns, storage_options=options, cache_dir=cache_dir, cache_limit=cache_limit,
+    source = RemoteParquet(path, columns, storage_options=options, cache_dir=cache_dir, cache_limit=cache_limit,
                            **kwargs)
     if source._remote_states != [tuple(s) for s in states]:
-        raise ValueError(f"the Parquet files at {urls[0]} ... changed since this source was pickled: open them again")
+        raise ValueError(f"the Parquet files at {states[0][0]} ... changed since this source was pickled (objects "
+                         "rewritten, added or removed): open them again")
     return source
 
 
