@@ -176,7 +176,7 @@ def _string_fill(name: str, value: Any, info: dict) -> bytes | None:
     """A string column's fill value as its bytes (None: the row stays None in a list of values)."""
     if value is None:
         return None
-    if isinstance(value, (list, tuple)) and len(value) == 0:
+    if isinstance(value, (list, tuple, str, bytes)) and len(value) == 0:
         return b""
     if _is_text(info) and isinstance(value, str):
         return value.encode()
