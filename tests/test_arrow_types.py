@@ -305,3 +305,26 @@ def test_hf_metadata_shape_json_is_read_with_none():
     bad = pa.table({"g": pa.array([[[1, 2]], [[3, 4, 5]]], pa.list_(pa.list_(pa.int8())))})
     with pytest.raises(ValueError, match=r"'g': row 1 does not have the declared shape \(None, 2\)"):
         epoch(bad.replace_schema_metadata({"huggingface": meta}))
+
+
+def test_parquet_reads_the_same_extension_shapes_and_fills(tmp_path):
+    """fl.Parquet plans its columns as fl.Arrow does: a fixed_shape_tensor keeps its shape, a string
+    fill is accepted, an extension type it does not read is refused by name."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(5)
+    tensors = rng.integers(0, 9, (50, 2, 3)).astype(np.int32)
+    labels = [None if i % 4 == 0 else f"label {i}" for i in range(50)]
+    # (from_storage: an array from_numpy_ndarray has the identity permutation set, and fl.Parquet's
+    # schema.empty_table() cannot build such a type in pyarrow 26)
+    typ = pa.fixed_shape_tensor(pa.int32(), (2, 3))
+    column = pa.ExtensionArray.from_storage(typ, pa.array(tensors.reshape(50, 6).tolist(), pa.list_(pa.int32(), 6)))
+    t = pa.table({"t": column, "label": labels})
+    pq.write_table(t, tmp_path / "t.parquet", row_group_size=16)
+    got = epoch(fl.Parquet(tmp_path / "t.parquet", fill_null={"label": "?"}, with_valid=True), with_index=True)
+    np.testing.assert_array_equal(got["t"], tensors[got["index"]])
+    assert got["label"] == ["?" if labels[i] is None else labels[i] for i in got["index"]]
+    np.testing.assert_array_equal(got["label_valid"], [labels[i] is not None for i in got["index"]])
+    pq.write_table(pa.table({"e": pa.ExtensionArray.from_storage(pa.bool8(), pa.array([0, 1], pa.int8()))}),
+                   tmp_path / "e.parquet")
+    with pytest.raises(ValueError, match="Parquet column 'e' is of the extension type 'arrow.bool8'"):
+        fl.Parquet(tmp_path / "e.parquet")
