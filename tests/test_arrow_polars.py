@@ -115,3 +115,13 @@ def test_polars_types_fastload_does_not_read_are_refused_by_name():
     with pytest.raises(ValueError, match="'words' of type large_list<string_view>.*lists of strings"):
         fl.Arrow(df, columns=["words"])
     assert fl.Arrow(df, columns=["ok"]).names == ["ok"]
+
+
+def test_a_lazy_frame_or_a_series_says_what_to_pass():
+    df = pl.DataFrame({"a": [1, 2], "s": ["x", "y"]})
+    with pytest.raises(TypeError, match=r"Polars LazyFrame.*lf\.collect\(\)"):
+        fl.Loader(df.lazy(), batch_size=2)
+    with pytest.raises(ValueError, match=r"got string_view: one column or array.*to_frame\(\)"):
+        fl.Loader(df["s"], batch_size=2)
+    got = epoch(df["s"].to_frame())
+    assert got["s"] == ["x", "y"]

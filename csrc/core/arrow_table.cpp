@@ -146,7 +146,8 @@ ArrowTable::ArrowTable(ArrowSchema* schema, std::vector<ArrowArray*> batches) {
   }
   if (!schema_->format || std::strcmp(schema_->format, "+s") != 0)
     throw std::invalid_argument("an Arrow table must be a stream of record batches (a struct), got " +
-                                arrow_type_name(schema_));
+                                arrow_type_name(schema_) + ": one column or array; make it a table of named columns "
+                                "first (pa.table({'x': array}), a Polars series.to_frame())");
   for (ArrowArray* b : batches_) {
     if (b->n_children != schema_->n_children)
       throw std::invalid_argument("an Arrow chunk has " + std::to_string(b->n_children) + " columns, its schema " +
