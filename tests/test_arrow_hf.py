@@ -137,6 +137,9 @@ def test_array_with_a_dynamic_first_dimension_is_cut_to_max_length():
     check_arrays(got, data, got["index"], max_length=2)
     with pytest.raises(ValueError, match="max_length\\['a2_float32'\\].*fixed shape"):
         fl.Arrow(ds, max_length={"a2_float32": 1})
+    # One max_length for all applies to the columns of variable length only.
+    got = epoch(fl.Loader(ds, batch_size=8, max_length=2, device="cpu").dataset, with_index=True)
+    check_arrays(got, data, got["index"], max_length=2)
 
 
 def test_a_row_of_another_shape_is_an_error_naming_column_and_row():

@@ -111,7 +111,11 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
     selected = _select(columns, infos)
     _refuse_clashes(all_columns, selected, what)
     hf_shapes = hf_array_shapes(table.metadata, all_columns)
-    ragged = [n for n in selected if infos[n]["kind"] in ("list", "bytes")]
+    declared = {n: _extension_shape(infos[n], hf_shapes, what) for n in selected}  # n: (shape, list_shape)
+    # Lists of a declared fixed length (HF Array2D) are not padded: one pad or max_length for all
+    # leaves them out.
+    ragged = [n for n in selected if infos[n]["kind"] in ("list", "bytes")
+              and not (declared[n][1] and declared[n][1][0] >= 0)]
     # One pad or max_length for all means all list and string columns; a dict names any column read.
     pads = _by_column("pad", pad, selected) if isinstance(pad, Mapping) else _by_column("pad", pad, ragged)
     lengths = (_by_column("max_length", max_length, selected) if isinstance(max_length, Mapping)
@@ -120,7 +124,7 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
     requests, names = [], []
     for name in selected:
         info = infos[name]
-        shape, list_shape = _extension_shape(info, hf_shapes, what)
+        shape, list_shape = declared[name]
         if info["unsupported"]:
             raise ValueError(f"{what} column {name!r} of type {info['type']} is not read natively "
                              f"({info['unsupported']}): {_WAY_OUT}")
