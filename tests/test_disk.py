@@ -272,17 +272,48 @@ def test_corrupt_offsets_are_a_clean_error_on_read_and_named_by_verify(written):
     o = np.load(f)
     o[5] = 10**9  # far past the values
     np.save(f, o)
-    with pytest.raises(fl.DatasetError, match=r"r/000000\.offsets\.npy: (checksum mismatch|offsets are not)"):
+    with pytest.raises(fl.DatasetError, match=r"r/000000\.offsets\.npy(: checksum mismatch|\): offsets are not)"):
         fl.Dataset.open(written, verify=True)
     # Without max_length the offsets are read when the shards are first mapped (to check the
-    # manifest's longest): the corrupt file is named there.
-    with pytest.raises(fl.DatasetError, match=r"r/000000\.offsets\.npy: offsets are not non-decreasing"):
+    # manifest's longest): the column, the shard, the row and the file are named there.
+    with pytest.raises(fl.DatasetError, match=r"ragged column 'r', shard 0 \(\S*r/000000\.offsets\.npy\): offsets are "
+                                              r"not non-decreasing from 0 to \d+: row 4 has offsets \[\d+, 1000000000\)"):
         fl.Loader(fl.Dataset.open(written), 100)
     # With max_length at or below longest nothing is read up front: the gather names the row.
     ds = fl.Dataset.open(written, max_length=5)
-    with pytest.raises(ValueError, match=r"ragged column r: row 4 of shard 0 has offsets \[.*\) outside its .* values"):
+    with pytest.raises(ValueError, match=r"ragged column r, shard 0 \(\S*r/000000\.offsets\.npy\): row 4 has offsets "
+                                         r"\[.*\) outside its .* values"):
         for _ in fl.Loader(ds, 100):
             pass
+
+
+def test_a_corrupt_offsets_file_is_named_by_column_shard_row_and_file_on_every_path(written):
+    """Issue 33: without verify, a corrupt ragged offsets file was named by its file only. Row 7 of
+    shard 1 now decreases (same size, so opening notices nothing); every path that reads it names
+    the column, the shard, the row and the file."""
+    from fastload._sources import mapping as _mapping
+
+    f = written / "r" / "000001.offsets.npy"
+    o = np.load(f)
+    o[8] = o[7] - 1
+    np.save(f, o)
+    m = manifest(written)
+    for shard in m["shards"]:  # no checksum for the file: verify reads the offsets themselves
+        shard["columns"]["r"]["offsets"].pop(m["checksum"])
+    rewrite_manifest(written, m)
+    where = r"ragged column 'r', shard 1 \(\S*r/000001\.offsets\.npy\)"
+    with pytest.raises(fl.DatasetError, match=where + r": offsets are not non-decreasing from 0 to \d+: row 7 has "
+                                                      r"offsets \[\d+, \d+\), decreasing"):
+        fl.Dataset.open(written, verify=True)
+    with pytest.raises(fl.DatasetError, match=where + r": offsets are not non-decreasing .*: row 7 .*found when the "
+                                                      r"shards were mapped"):
+        fl.Loader(fl.Dataset.open(written), 100)
+    with pytest.raises(ValueError, match=where.replace("'r'", "r") + r": row 7 has offsets \[\d+, \d+\) outside"):
+        list(fl.Loader(fl.Dataset.open(written, max_length=2), 100))
+    with _mapping.mapping_budget(2):  # shards mapped by the collation threads on demand
+        with pytest.raises(ValueError, match=where.replace("'r'", "r") + r": offsets are not non-decreasing .*row 7 "
+                                                                          r"has offsets.*found when the shard was mapped"):
+            list(fl.Loader(fl.Dataset.open(written), 100, device="cpu"))
 
 
 # ---------------------------------------------------------------------------------- laziness

@@ -379,8 +379,8 @@ def test_a_manifest_longest_below_the_data_is_refused_not_cut(d):
     m["columns"][1]["longest"] = 3  # rows reach 6 items
     rewrite(d, m)
     ds = fl.Dataset.open(d)  # open reads no offsets
-    with pytest.raises(fl.DatasetError, match=r"r/00000\d\.offsets\.npy: a row of \d items, longer than the manifest's "
-                                              r"columns\[\]\.longest \(3\)"):
+    with pytest.raises(fl.DatasetError, match=r"ragged column 'r', shard \d \(\S*r/00000\d\.offsets\.npy\): row \d+ "
+                                              r"holds \d items, longer than the manifest's columns\[\]\.longest \(3\)"):
         fl.Loader(ds, 10, device="cpu")
     with pytest.raises(fl.DatasetError, match="longer than the manifest's"):
         fl.Loader(fl.Dataset.open(d, max_length=5), 10, device="cpu")  # a cap above longest: slot = longest

@@ -258,8 +258,8 @@ def test_a_lazy_ragged_row_longer_than_the_manifest_says_is_named_when_mapped(tm
     (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
     with _mapping.mapping_budget(8):
         ds = fl.Dataset.open(tmp_path / "d")
-        with pytest.raises(ValueError, match=r"r/\d+\.offsets\.npy: a row of [3-5] items, longer than the manifest's "
-                                             r"columns\[\]\.longest \(2\) for column 'r'"):
+        with pytest.raises(ValueError, match=r"ragged column r, shard \d+ \(\S*r/\d+\.offsets\.npy\): row \d+ holds [3-5] "
+                                             r"items, longer than the manifest's columns\[\]\.longest \(2\) for column 'r'"):
             for _ in fl.Loader(ds, 8, device="cpu"):
                 pass
         # max_length at or below `longest`: the cut is the one asked for, no error.
@@ -280,7 +280,8 @@ def test_a_lazy_ragged_offsets_file_that_is_corrupt_is_named(tmp_path):
     path.write_bytes(raw[:header] + a.tobytes())
     with _mapping.mapping_budget(8):
         ds = fl.Dataset.open(tmp_path / "d")  # opened after the change: its identity is the new one
-        with pytest.raises(ValueError, match=r"000003\.offsets\.npy: offsets are not non-decreasing from 0 to"):
+        with pytest.raises(ValueError, match=r"ragged column r, shard 3 \(\S*r/000003\.offsets\.npy\): offsets are not "
+                                             r"non-decreasing from 0 to \d+: row \d+ has offsets \[\d+, \d+\)"):
             for _ in fl.Loader(ds, 8, device="cpu"):
                 pass
 

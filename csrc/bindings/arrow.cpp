@@ -113,6 +113,9 @@ std::vector<ArrowColumnRequest> requests_of(const py::list& requests) {
     r.fill_value = bytes_of(t[4]);
     r.with_valid = t[5].cast<bool>();
     r.as_list = py::len(t) > 6 && t[6].cast<bool>();
+    if (py::len(t) > 7) r.shape = t[7].cast<std::vector<int64_t>>();
+    if (py::len(t) > 8) r.list_shape = t[8].cast<std::vector<int64_t>>();
+    r.fill_none = py::len(t) > 9 && t[9].cast<bool>();
     cols.push_back(std::move(r));
   }
   return cols;
@@ -144,17 +147,28 @@ void register_arrow(py::module_& m) {
           d["item_shape"] = c.item_shape;
           d["first_null"] = c.first_null;
           d["dictionary"] = c.dictionary;
+          d["field_path"] = c.field_path;
+          d["inner_lists"] = c.inner_lists;
+          d["extension"] = c.extension;
+          d["extension_metadata"] = py::bytes(c.extension_metadata);
           out.append(d);
         }
         return out;
-      }, "[{name, type, unsupported, kind, dtype (dlpack code, bits), item_shape, first_null, dictionary}]")
+      }, "[{name, type, unsupported, kind, dtype (dlpack code, bits), item_shape, first_null, dictionary, field_path, "
+         "inner_lists (list levels inside a list), extension (name), extension_metadata (bytes)}]")
+      .def_property_readonly("metadata", [](const ArrowTable& t) {
+        py::dict out;
+        for (const auto& [key, value] : t.metadata()) out[py::bytes(key)] = py::bytes(value);
+        return out;
+      }, "the schema's key-value metadata {bytes: bytes}")
       .def("longest", [](const ArrowTable& t, const std::string& name) {
         const size_t i = t.column_index(name);
         py::gil_scoped_release nogil;
         return t.longest(i);
       }, py::arg("name"), "a list or string column's longest row (items or bytes): reads its offsets");
 
-  // requests: [(name, max_items, pad bytes, fill, fill bytes, with_valid)]; owners: kept alive.
+  // requests: [(name, max_items, pad bytes, fill, fill bytes, with_valid, as_list, shape, list_shape,
+  // fill_none)] (see ArrowColumnRequest; the last four optional); owners: kept alive.
   m.def("ArrowSource", [](std::shared_ptr<ArrowTable> table, const py::list& requests,
                           std::shared_ptr<ArrowTable> indices, py::object owners) {
     auto source = std::make_shared<ArrowSource>(std::move(table), requests_of(requests), std::move(indices));

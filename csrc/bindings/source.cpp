@@ -55,6 +55,7 @@ ArrayColumn column_from(const py::handle& d) {
       table.push_back({address(u[0]), u[1].cast<int64_t>(), u[2].cast<int64_t>(),
                        reinterpret_cast<const int64_t*>(u[3].cast<uintptr_t>()), u[4].cast<int64_t>()});
     }
+    if (py::hasattr(d, "shard_labels")) c.shard_labels = d.attr("shard_labels").cast<std::vector<std::string>>();
     // (LazyFiles, file per shard, offsets file per shard, longest) for shards mapped on demand.
     const py::tuple lazy = d.attr("lazy");
     if (py::len(lazy) > 0) {

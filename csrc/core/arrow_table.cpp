@@ -5,167 +5,47 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "core/arrow_rows.h"
+
 namespace fastload {
 
 namespace {
 
-bool starts_with(const char* s, const char* prefix) { return std::strncmp(s, prefix, std::strlen(prefix)) == 0; }
+inline bool bit_set(const uint8_t* bits, int64_t i) { return (bits[i >> 3] >> (i & 7)) & 1; }
 
-// Dates, times, timestamps and durations as pyarrow spells them, unit and time zone included: a
-// batch holds their integers, which mean nothing without the unit.
-std::string temporal_name(const std::string& f) {
-  static const std::pair<const char*, const char*> fixed[] = {
-      {"tdD", "date32[day]"}, {"tdm", "date64[ms]"}, {"tts", "time32[s]"},       {"ttm", "time32[ms]"},
-      {"ttu", "time64[us]"},  {"ttn", "time64[ns]"}, {"tiM", "month_interval"}, {"tiD", "day_time_interval"},
-      {"tin", "month_day_nano_interval"}};
-  for (const auto& [code, name] : fixed)
-    if (f == code) return name;
-  static const std::pair<char, const char*> units[] = {{'s', "s"}, {'m', "ms"}, {'u', "us"}, {'n', "ns"}};
-  std::string unit = "?";
-  for (const auto& [code, name] : units)
-    if (f[2] == code) unit = name;
-  if (starts_with(f.c_str(), "tD")) return "duration[" + unit + "]";
-  if (starts_with(f.c_str(), "ts")) {  // "tsu:" or "tsu:Europe/Paris"
-    const std::string zone = f.size() > 4 ? f.substr(4) : "";
-    return "timestamp[" + unit + (zone.empty() ? "" : ", tz=" + zone) + "]";
-  }
-  return "format '" + f + "'";
-}
-
-// A readable name for an Arrow format string (the C data interface's spelling otherwise).
-std::string type_name(const ArrowSchema* s) {
-  const std::string f = s->format ? s->format : "?";
-  static const std::pair<const char*, const char*> names[] = {
-      {"n", "null"}, {"b", "bool"}, {"c", "int8"}, {"C", "uint8"}, {"s", "int16"}, {"S", "uint16"},
-      {"i", "int32"}, {"I", "uint32"}, {"l", "int64"}, {"L", "uint64"}, {"e", "float16"}, {"f", "float32"},
-      {"g", "float64"}, {"z", "binary"}, {"Z", "large_binary"}, {"u", "string"}, {"U", "large_string"},
-      {"vu", "string_view"}, {"vz", "binary_view"}, {"+s", "struct"}, {"+m", "map"}, {"+vl", "list_view"},
-      {"+vL", "large_list_view"}, {"+r", "run_end_encoded"}};
-  for (const auto& [code, name] : names)
-    if (f == code) return s->dictionary ? "dictionary<" + type_name(s->dictionary) + ">" : name;
-  auto child = [&](int64_t i) { return i < s->n_children ? type_name(s->children[i]) : std::string("?"); };
-  if (f == "+l") return "list<" + child(0) + ">";
-  if (f == "+L") return "large_list<" + child(0) + ">";
-  if (starts_with(f.c_str(), "+w:")) return "fixed_size_list<" + child(0) + ", " + f.substr(3) + ">";
-  if (starts_with(f.c_str(), "+u")) return "union";
-  if (starts_with(f.c_str(), "d:")) return "decimal(" + f.substr(2) + ")";
-  if (starts_with(f.c_str(), "w:")) return "fixed_size_binary(" + f.substr(2) + ")";
-  if (f.size() >= 3 && f[0] == 't') return temporal_name(f);
-  return "format '" + f + "'";
-}
-
-// Fixed-width numbers (dates, times, timestamps and durations as their integers).
-bool fixed_dtype(const std::string& f, DType* out) {
-  static const std::pair<const char*, DType> types[] = {
-      {"c", {kInt, 8}},   {"C", {kUInt, 8}},  {"s", {kInt, 16}},   {"S", {kUInt, 16}}, {"i", {kInt, 32}},
-      {"I", {kUInt, 32}}, {"l", {kInt, 64}},  {"L", {kUInt, 64}},  {"e", {kFloat, 16}}, {"f", {kFloat, 32}},
-      {"g", {kFloat, 64}}, {"tdD", {kInt, 32}}, {"tdm", {kInt, 64}}, {"tts", {kInt, 32}}, {"ttm", {kInt, 32}},
-      {"ttu", {kInt, 64}}, {"ttn", {kInt, 64}}};
-  for (const auto& [code, t] : types)
-    if (f == code) return *out = t, true;
-  if (starts_with(f.c_str(), "ts") || starts_with(f.c_str(), "tD")) return *out = {kInt, 64}, true;
-  return false;
-}
-
-bool parse_size(const char* digits, int64_t* out) {
-  char* end = nullptr;
-  const long long n = std::strtoll(digits, &end, 10);
-  if (end == digits || *end != '\0' || n < 0) return false;
-  *out = n;
+bool row_is_valid(const std::vector<std::pair<const uint8_t*, int64_t>>& validity, int64_t r) {
+  for (const auto& [bits, bit0] : validity)
+    if (!bit_set(bits, bit0 + r)) return false;
   return true;
 }
 
-// Fills kind, dtype, shape and elements of values of schema `s` (no dictionary, no struct); sets
-// `unsupported` when the gather cannot read them.
-void describe_values(const ArrowSchema* s, ArrowColumnInfo& c, bool in_list) {
-  const std::string f = s->format ? s->format : "";
-  DType t;
-  int64_t n = 0;
-  if (s->dictionary) {
-    c.unsupported = "a dictionary inside a list is not decoded";
-  } else if (fixed_dtype(f, &t)) {
-    c.kind = ArrowKind::kFixed, c.dtype = t;
-  } else if (f == "b") {
-    if (in_list) c.unsupported = "lists of bool are not gathered";
-    c.kind = ArrowKind::kBool, c.dtype = kBoolType;
-  } else if (starts_with(f.c_str(), "w:") && parse_size(f.c_str() + 2, &n)) {
-    c.kind = ArrowKind::kFixed, c.dtype = {kUInt, 8};
-    c.item_shape.push_back(n), c.elements *= n;
-  } else if (starts_with(f.c_str(), "+w:") && parse_size(f.c_str() + 3, &n) && s->n_children == 1) {
-    c.item_shape.push_back(n), c.elements *= n;
-    describe_values(s->children[0], c, in_list);
-    if (c.unsupported.empty() && c.kind != ArrowKind::kFixed && c.kind != ArrowKind::kBool)
-      c.unsupported = "fixed-size lists of variable-length values are not gathered";
-  } else if ((f == "+l" || f == "+L") && !in_list && s->n_children == 1) {
-    describe_values(s->children[0], c, true);
-    if (c.unsupported.empty() && c.kind != ArrowKind::kFixed)
-      c.unsupported = "lists of variable-length values are not gathered";
-    c.kind = ArrowKind::kList;
-  } else if ((f == "u" || f == "U" || f == "z" || f == "Z") && !in_list) {
-    c.kind = ArrowKind::kBytes, c.dtype = {kUInt, 8};
-  } else {
-    c.unsupported = "its type is not gathered";
+// Whether anything below elements [begin, end) (physical indices) of `a` (schema `s`) is null: the
+// children's elements those cover, at every depth. The elements themselves are not looked at.
+bool null_below(const ArrowArray& a, const ArrowSchema& s, int64_t begin, int64_t end) {
+  if (begin >= end || a.n_children != 1 || !a.children || !a.children[0] || s.n_children != 1) return false;
+  const ArrowArray& child = *a.children[0];
+  const ArrowSchema& cs = *s.children[0];
+  if (std::strncmp(s.format, "+w:", 3) == 0) {
+    const int64_t n = std::strtoll(s.format + 3, nullptr, 10);
+    const int64_t b = begin * n + child.offset, e = end * n + child.offset;
+    return has_nulls(child, b, e - b) || null_below(child, cs, b, e);
   }
-}
-
-// Leaf columns of a struct's fields, flattened to "parent.child".
-void describe_fields(const ArrowSchema* s, const std::string& prefix, std::vector<int>& path,
-                     std::vector<ArrowColumnInfo>& out) {
-  for (int64_t i = 0; i < s->n_children; ++i) {
-    const ArrowSchema* child = s->children[i];
-    const std::string name = prefix + (child->name ? child->name : "");
-    path.push_back(static_cast<int>(i));
-    const bool is_struct = child->format && std::strcmp(child->format, "+s") == 0 && !child->dictionary;
-    bool media = false;  // Hugging Face Image / Audio: struct<bytes: binary, path: string>
-    if (is_struct && child->n_children == 2) {
-      const char* a = child->children[0]->name;
-      const char* b = child->children[1]->name;
-      media = a && b && std::strcmp(a, "bytes") == 0 && std::strcmp(b, "path") == 0;
+  if (arrow_is_list(s)) {
+    const ArrowListOffsets o = arrow_list_offsets(a, s, 0);
+    int64_t b, e, unused;
+    if (!o.offsets || !o.range(begin, &b, &unused) || !o.range(end - 1, &unused, &e) || e < b) return false;
+    b += child.offset, e += child.offset;
+    return has_nulls(child, b, e - b) || null_below(child, cs, b, e);
+  }
+  if (arrow_is_list_view(s)) {  // ranges in any order: element by element
+    const ArrowListOffsets o = arrow_list_offsets(a, s, 0);
+    if (!o.offsets) return false;
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t b, e;
+      if (!o.range(i, &b, &e)) continue;  // the gather reports it
+      b += child.offset, e += child.offset;
+      if (has_nulls(child, b, e - b) || null_below(child, cs, b, e)) return true;
     }
-    if (is_struct && !media) {
-      describe_fields(child, name + ".", path, out);
-    } else {
-      ArrowColumnInfo c;
-      c.name = name;
-      c.type = type_name(child);
-      c.path = path;
-      if (media) {
-        c.type = "struct<bytes, path> (an encoded image or audio file)";
-        c.unsupported = "encoded media are not decoded natively";
-      } else if (child->dictionary) {
-        DType index;
-        c.dictionary = true;
-        if (!fixed_dtype(child->format ? child->format : "", &index) || index.code == kFloat)
-          c.unsupported = "its dictionary indices are not integers";
-        else
-          describe_values(child->dictionary, c, false);
-      } else {
-        describe_values(child, c, false);
-      }
-      out.push_back(std::move(c));
-    }
-    path.pop_back();
-  }
-}
-
-// Nulls below the row level of a leaf array (list items, fixed-size list elements, dictionary
-// values), which no fill covers.
-bool nested_nulls(const ArrowArray& a, const char* format, const ArrowColumnInfo& c) {
-  const ArrowArray* node = &a;
-  int64_t offset = 0, length = 0;
-  if (c.dictionary) {
-    node = a.dictionary;
-    if (!node) return false;
-    offset = node->offset, length = node->length;
-    if (has_nulls(*node, offset, length)) return true;
-  } else {
-    offset = a.offset, length = a.length;
-  }
-  (void)format;
-  // Walk the children (a list's items, a fixed-size list's elements) over the whole child.
-  while (node->n_children == 1 && node->children && node->children[0]) {
-    node = node->children[0];
-    if (has_nulls(*node, node->offset, node->length)) return true;
   }
   return false;
 }
@@ -189,9 +69,46 @@ int64_t first_zero_bit(const uint8_t* bitmap, int64_t offset, int64_t length) {
 }
 
 bool has_nulls(const ArrowArray& a, int64_t offset, int64_t length) {
-  if (a.null_count == 0 || a.n_buffers < 1 || !a.buffers[0]) return false;
+  if (length <= 0 || a.null_count == 0 || a.n_buffers < 1 || !a.buffers[0]) return false;
   if (a.null_count > 0 && offset == a.offset && length == a.length) return true;
   return first_zero_bit(static_cast<const uint8_t*>(a.buffers[0]), offset, length) >= 0;
+}
+
+int64_t first_nested_null(const ArrowArray& leaf, const ArrowSchema& s, int64_t first, int64_t rows,
+                          const std::vector<std::pair<const uint8_t*, int64_t>>& validity) {
+  if (!null_below(leaf, s, first, first + rows)) return -1;
+  // Some null lies below the chunk's rows: find the first row that is not null itself and holds one.
+  for (int64_t r = 0; r < rows; ++r)
+    if (row_is_valid(validity, r) && null_below(leaf, s, first + r, first + r + 1)) return r;
+  return -1;
+}
+
+int64_t first_null_dictionary_value(const ArrowArray& leaf, DType index_type, int64_t first, int64_t rows,
+                                    const std::vector<std::pair<const uint8_t*, int64_t>>& validity) {
+  const ArrowArray* dict = leaf.dictionary;
+  if (!dict || !has_nulls(*dict, dict->offset, dict->length) || leaf.n_buffers < 2 || !leaf.buffers[1]) return -1;
+  const auto* indices = static_cast<const std::byte*>(leaf.buffers[1]) + first * (index_type.bits / 8);
+  const auto* bits = static_cast<const uint8_t*>(dict->buffers[0]);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!row_is_valid(validity, r)) continue;
+    const int64_t v = read_arrow_index(indices, index_type, r);
+    if (v >= 0 && v < dict->length && !bit_set(bits, dict->offset + v)) return r;
+  }
+  return -1;
+}
+
+int64_t read_arrow_index(const std::byte* p, DType t, int64_t i) {
+  switch (t.bits) {
+    case 8: return t.code == kInt ? int64_t{reinterpret_cast<const int8_t*>(p)[i]} : int64_t{reinterpret_cast<const uint8_t*>(p)[i]};
+    case 16: return t.code == kInt ? int64_t{reinterpret_cast<const int16_t*>(p)[i]} : int64_t{reinterpret_cast<const uint16_t*>(p)[i]};
+    case 32: return t.code == kInt ? int64_t{reinterpret_cast<const int32_t*>(p)[i]} : int64_t{reinterpret_cast<const uint32_t*>(p)[i]};
+    default: {
+      int64_t v;
+      std::memcpy(&v, p + i * 8, 8);
+      // uint64 past int64's range reads negative and fails the caller's bounds check.
+      return v;
+    }
+  }
 }
 
 ArrowLeafAt leaf_at(const ArrowArray& batch, const std::vector<int>& path, const std::string& name) {
@@ -229,29 +146,45 @@ ArrowTable::ArrowTable(ArrowSchema* schema, std::vector<ArrowArray*> batches) {
   }
   if (!schema_->format || std::strcmp(schema_->format, "+s") != 0)
     throw std::invalid_argument("an Arrow table must be a stream of record batches (a struct), got " +
-                                type_name(schema_));
+                                arrow_type_name(schema_) + ": one column or array; make it a table of named columns "
+                                "first (pa.table({'x': array}), a Polars series.to_frame())");
   for (ArrowArray* b : batches_) {
     if (b->n_children != schema_->n_children)
       throw std::invalid_argument("an Arrow chunk has " + std::to_string(b->n_children) + " columns, its schema " +
                                   std::to_string(schema_->n_children));
     starts_.push_back(starts_.back() + b->length);
   }
-  std::vector<int> path;
-  describe_fields(schema_, "", path, columns_);
+  columns_ = describe_arrow_columns(*schema_);
   for (ArrowColumnInfo& c : columns_) {
     if (!c.unsupported.empty()) continue;
+    const ArrowSchema& s = column_schema(c);
+    DType index_type;
+    if (c.dictionary) arrow_fixed_dtype(s.format, &index_type);
     for (size_t k = 0; k < batches_.size(); ++k) {
+      const int64_t rows = batches_[k]->length;
       const ArrowLeafAt at = leaf_at(*batches_[k], c.path, c.name);
-      if (nested_nulls(*at.array, nullptr, c)) {
-        c.unsupported = "it holds nulls inside its values (list items or fixed-size list elements), which "
-                        "fill_null does not cover";
+      const ArrowArray* dict = at.array->dictionary;
+      // A dictionary's values are shared by every row: one with a null below it is refused
+      // whether a row of this chunk points at it or not.
+      const int64_t nested = c.dictionary ? (dict ? first_nested_null(*dict, *s.dictionary, dict->offset,
+                                                                      dict->length, {}) : -1)
+                                          : first_nested_null(*at.array, s, at.first, rows, at.validity);
+      if (nested >= 0) {
+        c.unsupported = "it holds nulls inside its values (list items or fixed-size list elements; the first in row " +
+                        std::to_string(c.dictionary ? nested : starts_[k] + nested) + (c.dictionary ? " of its dictionary" : "") +
+                        "), which fill_null does not cover";
         break;
       }
       if (c.first_null >= 0) continue;
       int64_t first = -1;
       for (const auto& [bits, bit0] : at.validity) {
-        const int64_t z = first_zero_bit(bits, bit0, batches_[k]->length);
+        const int64_t z = first_zero_bit(bits, bit0, rows);
         if (z >= 0 && (first < 0 || z < first)) first = z;
+      }
+      if (c.dictionary) {  // a row pointing at a null value of its dictionary is null too
+        const int64_t z = first_null_dictionary_value(*at.array, index_type, at.first, first < 0 ? rows : first,
+                                                      at.validity);
+        if (z >= 0) first = z;
       }
       if (first >= 0) c.first_null = starts_[k] + first;
     }
@@ -286,30 +219,33 @@ const ArrowSchema& ArrowTable::column_schema(const ArrowColumnInfo& c) const {
 int64_t ArrowTable::longest(size_t column) const {
   const ArrowColumnInfo& c = columns_.at(column);
   if (c.kind != ArrowKind::kList && c.kind != ArrowKind::kBytes) return 0;
-  const bool wide = [&] {
-    const ArrowSchema* s = &column_schema(c);
-    if (c.dictionary) s = s->dictionary;
-    return std::strcmp(s->format, "+L") == 0 || std::strcmp(s->format, "U") == 0 || std::strcmp(s->format, "Z") == 0;
-  }();
+  const ArrowSchema* s = &column_schema(c);
+  if (c.dictionary) s = s->dictionary;
   int64_t longest = 0;
-  auto scan = [&](const void* offsets, int64_t first, int64_t rows) {
-    if (rows <= 0 || !offsets) return;
-    if (wide) {
-      const int64_t* o = static_cast<const int64_t*>(offsets) + first;
-      for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, o[r + 1] - o[r]);
-    } else {
-      const int32_t* o = static_cast<const int32_t*>(offsets) + first;
-      for (int64_t r = 0; r < rows; ++r) longest = std::max<int64_t>(longest, int64_t{o[r + 1]} - o[r]);
-    }
-  };
   for (const ArrowArray* b : batches_) {
     const ArrowLeafAt at = leaf_at(*b, c.path, c.name);
     const ArrowArray* a = at.array;
+    int64_t first = at.first, rows = b->length;
     if (c.dictionary) {
-      if (a->dictionary && a->dictionary->n_buffers >= 2) scan(a->dictionary->buffers[1], a->dictionary->offset,
-                                                               a->dictionary->length);
-    } else if (a->n_buffers >= 2) {
-      scan(a->buffers[1], at.first, b->length);
+      if (!a->dictionary) continue;
+      a = a->dictionary, first = a->offset, rows = a->length;
+    }
+    // Rows whose offsets are corrupt are skipped here: the gather reports them, naming the row.
+    if (c.kind == ArrowKind::kList) {
+      const ArrowListOffsets o = arrow_list_offsets(*a, *s, first);
+      if (!o.offsets) continue;
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t begin, end;
+        if (o.range(r, &begin, &end)) longest = std::max(longest, end - begin);
+      }
+    } else {
+      const ArrowStrings strings = arrow_strings(*a, *s, first);
+      if (!strings.valid()) continue;
+      for (int64_t r = 0; r < rows; ++r) {
+        const char* p;
+        int64_t n;
+        if (strings.get(r, &p, &n)) longest = std::max(longest, n);
+      }
     }
   }
   return longest;

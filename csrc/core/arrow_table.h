@@ -1,7 +1,8 @@
 // Arrow record batches held through the C data interface (arrow_c_data.h): the owner of the
 // exported arrays (released when it goes), and the description of every column a batch can hold
-// (struct columns flattened to "parent.child"), read from the schema and each chunk's array
-// headers only, never from the data (validity bitmaps of columns that report nulls excepted).
+// (arrow_types.h), read from the schema and each chunk's array headers only, never from the data
+// (validity bitmaps and offsets of columns that report nulls excepted: a null is looked for
+// only in the rows a chunk holds, below rows that are not null themselves).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,32 +12,9 @@
 #include <vector>
 
 #include "core/arrow_c_data.h"
-#include "core/dtype.h"
+#include "core/arrow_types.h"
 
 namespace fastload {
-
-// What a leaf column's rows are, as the gather reads them.
-enum class ArrowKind : uint8_t {
-  kFixed,  // fixed-width numbers, fixed-size lists of them (nested), fixed-size binary
-  kBool,   // bit-packed booleans (and fixed-size lists of them): unpacked to one byte each
-  kList,   // list / large_list of fixed-width items: padded rows plus lengths
-  kBytes,  // string / binary (and their large forms): UTF-8 bytes padded as uint8 plus lengths
-};
-
-// One column of the batch. Unsupported columns are listed too (with `unsupported` saying why), so
-// that a caller refuses them only when they are asked for.
-struct ArrowColumnInfo {
-  std::string name;        // "parent.child" for a struct's fields
-  std::string type;        // the Arrow type, for messages
-  std::string unsupported; // empty when the gather can read it
-  ArrowKind kind = ArrowKind::kFixed;
-  DType dtype;                      // of one element
-  std::vector<int64_t> item_shape;  // fixed/bool: a row's shape; list: one item's shape
-  int64_t elements = 1;             // elements per row (fixed/bool) or per item (list)
-  bool dictionary = false;          // dictionary-encoded (decoded by the gather)
-  int64_t first_null = -1;          // the first row that is null (a struct parent's null counts)
-  std::vector<int> path;            // child indices from the record batch down to the column
-};
 
 // Record batches and their schema, owned: moved in from their producer, released at destruction.
 class ArrowTable {
@@ -55,6 +33,8 @@ class ArrowTable {
   size_t num_chunks() const { return batches_.size(); }
   const ArrowArray& chunk(size_t c) const { return *batches_[c]; }
   const ArrowSchema& schema() const { return *schema_; }
+  // The schema's key-value metadata (e.g. Hugging Face's "huggingface" features).
+  std::vector<std::pair<std::string, std::string>> metadata() const { return arrow_metadata(schema_->metadata); }
   // The schema of a column (a dictionary column's: of its indices).
   const ArrowSchema& column_schema(const ArrowColumnInfo& c) const;
   // Column `column`'s longest row in items (list) or bytes (string): reads every offset.
@@ -79,6 +59,19 @@ struct ArrowLeafAt {
 };
 // Throws std::invalid_argument if the chunk's arrays do not have the children the path names.
 ArrowLeafAt leaf_at(const ArrowArray& batch, const std::vector<int>& path, const std::string& name);
+
+// The first chunk row in [0, rows) that is not null itself (its validity on the way is `validity`)
+// but holds a null below it (a list item, a fixed-size list element, at any depth), or -1. `leaf`
+// is the column's array (schema `s`) with the chunk's row 0 at physical index `first`; the values
+// of a null row are not looked at (a producer may leave anything there).
+int64_t first_nested_null(const ArrowArray& leaf, const ArrowSchema& s, int64_t first, int64_t rows,
+                          const std::vector<std::pair<const uint8_t*, int64_t>>& validity);
+// The first chunk row in [0, rows) not null itself whose dictionary value is null, or -1.
+int64_t first_null_dictionary_value(const ArrowArray& leaf, DType index_type, int64_t first, int64_t rows,
+                                    const std::vector<std::pair<const uint8_t*, int64_t>>& validity);
+
+// Element i of an integer array of type t, as int64 (uint64 past int64's range reads negative).
+int64_t read_arrow_index(const std::byte* p, DType t, int64_t i);
 
 // Whether array elements [offset, offset + length) hold a null (reads the bitmap only when the
 // producer did not count them).

@@ -329,31 +329,53 @@ int64_t pin_rows(PinnedFiles& pins, LazyFiles& files, DistinctFiles& table, cons
   return taken;
 }
 
+// The first thing wrong with a ragged shard's offsets o[0..rows] over `items` values (they must
+// run non-decreasing from 0 to items), naming the row; empty if nothing is.
+std::string offsets_problem(const int64_t* o, int64_t rows, int64_t items) {
+  if (o[0] != 0) return "row 0 starts at offset " + std::to_string(o[0]) + ", not 0";
+  for (int64_t r = 0; r < rows; ++r) {
+    if (o[r + 1] < o[r] || o[r + 1] > items)
+      return "row " + std::to_string(r) + " has offsets [" + std::to_string(o[r]) + ", " + std::to_string(o[r + 1]) +
+             ")" + (o[r + 1] < o[r] ? ", decreasing" : ", past the shard's " + std::to_string(items) + " values");
+  }
+  if (o[rows] != items)
+    return "its last row ends at offset " + std::to_string(o[rows]) + ", not at its " + std::to_string(items) + " values' end";
+  return "";
+}
+
+// "ragged column r, shard 3 (file)": where a shard's problem is.
+std::string ragged_shard_text(const ArrayColumn& col, size_t shard, const std::string& file) {
+  const int64_t given = col.shard_index.empty() ? static_cast<int64_t>(shard) : col.shard_index[shard];
+  std::string label = file;
+  if (label.empty() && given < static_cast<int64_t>(col.shard_labels.size())) label = col.shard_labels[given];
+  return "ragged column " + col.name + ", shard " + std::to_string(given) + (label.empty() ? "" : " (" + label + ")");
+}
+
 // A lazy ragged shard's offsets, checked the first time its file is mapped (from then on its
 // identity is checked at every mapping): from 0 to its items, non-decreasing, and no row longer
 // than col.longest (a longer row would be cut to the slot without a word).
-void check_lazy_offsets(const ArrayColumn& col, const Shard& sh, const int64_t* o, const LazyFile& f) {
-  if (o[0] != 0 || o[sh.rows] != sh.items)
-    throw std::invalid_argument(f.path + ": offsets are not non-decreasing from 0 to " + std::to_string(sh.items) +
-                                " (found when the shard was mapped)");
-  int64_t longest = 0;
+void check_lazy_offsets(const ArrayColumn& col, size_t shard, const int64_t* o, const LazyFile& f) {
+  const Shard& sh = col.shards[shard];
+  const std::string problem = offsets_problem(o, sh.rows, sh.items);
+  if (!problem.empty())
+    throw std::invalid_argument(ragged_shard_text(col, shard, f.path) + ": offsets are not non-decreasing from 0 to " +
+                                std::to_string(sh.items) + ": " + problem + " (found when the shard was mapped; a "
+                                "corrupt offsets file?)");
+  int64_t longest = 0, at = 0;
   for (int64_t r = 0; r < sh.rows; ++r) {
     const int64_t step = o[r + 1] - o[r];
-    if (step < 0)
-      throw std::invalid_argument(f.path + ": offsets are not non-decreasing from 0 to " + std::to_string(sh.items) +
-                                  " (found when the shard was mapped)");
-    longest = std::max(longest, step);
+    if (step > longest) longest = step, at = r;
   }
   if (col.longest >= 0 && longest > col.longest)
-    throw std::invalid_argument(f.path + ": a row of " + std::to_string(longest) + " items, longer than the manifest's "
-                                "columns[].longest (" + std::to_string(col.longest) + ") for column '" + col.name +
+    throw std::invalid_argument(ragged_shard_text(col, shard, f.path) + ": row " + std::to_string(at) + " holds " +
+                                std::to_string(longest) + " items, longer than the manifest's columns[].longest (" +
+                                std::to_string(col.longest) + ") for column '" + col.name +
                                 "': its rows would be cut without a word; fix the manifest or pass max_length");
 }
 
 [[noreturn]] void bad_offsets(const ArrayColumn& col, size_t shard, int64_t row, int64_t a, int64_t b, int64_t items) {
-  throw std::invalid_argument("ragged column " + col.name + ": row " + std::to_string(row) + " of shard " +
-                              std::to_string(col.shard_index[shard]) + " has offsets [" + std::to_string(a) + ", " +
-                              std::to_string(b) + ") outside its " + std::to_string(items) +
+  throw std::invalid_argument(ragged_shard_text(col, shard, "") + ": row " + std::to_string(row) + " has offsets [" +
+                              std::to_string(a) + ", " + std::to_string(b) + ") outside its " + std::to_string(items) +
                               " values (a corrupt offsets file?)");
 }
 }  // namespace
@@ -413,7 +435,7 @@ void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t coun
         offsets[i] = reinterpret_cast<const int64_t*>(at[2 * (i - r) + 1]);
         const int32_t f = want[2 * i + 1];
         if (!files.checked(f)) {
-          check_lazy_offsets(col, col.shards[shard[i]], offsets[i], files.file(f));
+          check_lazy_offsets(col, shard[i], offsets[i], files.file(f));
           files.set_checked(f);
         }
         __builtin_prefetch(offsets[i] + row[i], 0, 0);

@@ -44,6 +44,9 @@ struct ArrayColumn {
   std::vector<Shard> shards;
   std::vector<int64_t> starts;  // shards.size() + 1 entries; starts.back() == rows
   std::vector<int64_t> shard_index;  // each shard's place in the list given (empty ones are dropped)
+  // Per shard given (shard_index's numbering; may be empty): where its data come from (a ragged
+  // shard's offsets file), named in messages about them.
+  std::vector<std::string> shard_labels;
   std::vector<uint32_t> buckets;     // empty: binary search
   int bucket_shift = 0, bucket_walk = 0;
   // Ragged: the batch gets the slot part and an int64 lengths part (items written per row).

@@ -93,7 +93,7 @@ std::shared_ptr<const RowGroupSource::Decoded> RowGroupSource::decode(int64_t g)
     if (!here.unsupported.empty())
       throw std::invalid_argument("column '" + col.info.name + "' in " + names_[g] + ": " + here.unsupported);
     std::vector<ArrowChunkView> views;
-    for (size_t c = 0; c < t.num_chunks(); ++c) views.push_back(arrow_chunk_view(t, c, col));
+    for (size_t c = 0; c < t.num_chunks(); ++c) views.push_back(arrow_chunk_view(t, c, col, starts_[g] + t.starts()[c]));
     d->views.push_back(std::move(views));
   }
   {

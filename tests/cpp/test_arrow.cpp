@@ -1,5 +1,6 @@
 // The Arrow sources without Python: arrays built by hand through the C data interface (offsets,
-// validity, dictionaries, fixed-size lists), ArrowSource against a reference computed here, and
+// validity, dictionaries, fixed-size lists, string and list views, bit-packed list items, lists
+// of lists of a declared shape), ArrowSource against a reference computed here, and
 // RowGroupSource's cache of decoded groups filled from several threads at once (a small budget,
 // so that groups are decoded, evicted and decoded again while others gather from them).
 #include <atomic>
@@ -238,6 +239,142 @@ TEST_CASE(arrow_source_gathers_lists_bits_and_filled_nulls_from_sliced_batches) 
     CHECK(refused);
   }
   CHECK(g_live.load() == 0);  // every array and schema released with its table
+}
+
+// A record batch of 4 rows (sliced by 1 at the record batch level) of the layouts added for issue
+// 33: sv string_view (row r: "r" inline, or 20 letters out of line in a variadic buffer), lv
+// list_view<int32> (row r: r items from r, offsets out of order), lb list<bool> (row r: r bits
+// starting at an odd bit), ll list<list<int32>> of declared shape (2, 2) (row `bad_row` holds an
+// inner list of 3).
+std::shared_ptr<ArrowTable> view_table(int bad_row) {
+  const int64_t n = 5;  // row 0 is sliced away
+  std::string long_data;
+  std::vector<std::byte> views(16 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    std::byte* v = views.data() + 16 * i;
+    if (i % 2) {
+      const int32_t len = 20, buffer = 0, offset = static_cast<int32_t>(long_data.size());
+      long_data += std::string(20, static_cast<char>('a' + i));
+      std::memcpy(v, &len, 4), std::memcpy(v + 4, long_data.data() + offset, 4);
+      std::memcpy(v + 8, &buffer, 4), std::memcpy(v + 12, &offset, 4);
+    } else {
+      const int32_t len = 1;
+      std::memcpy(v, &len, 4);
+      v[4] = static_cast<std::byte>('0' + i);
+    }
+  }
+  std::vector<std::byte> data(long_data.size());
+  std::memcpy(data.data(), long_data.data(), long_data.size());
+  std::vector<int32_t> lv_offsets, lv_sizes, lv_items(40);
+  std::iota(lv_items.begin(), lv_items.end(), 0);
+  for (int64_t i = 0; i < n; ++i) lv_offsets.push_back(static_cast<int32_t>(30 - 5 * i)), lv_sizes.push_back(static_cast<int32_t>(i));
+  // lb: row i holds i bits; bit k of row i is (i + k) % 2; the child starts at bit 3.
+  std::vector<int32_t> lb_offsets{0};
+  std::vector<uint8_t> bits(8, 0);
+  int64_t at = 3;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < i; ++k, ++at)
+      if ((i + k) % 2) bits[at / 8] |= uint8_t(1u << (at % 8));
+    lb_offsets.push_back(static_cast<int32_t>(at - 3));
+  }
+  // ll: row i is [[4i, 4i+1], [4i+2, 4i+3]], except bad_row: [[..], [.., .., extra]].
+  std::vector<int32_t> outer{0}, inner{0}, values;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const int width = (i == bad_row && k == 1) ? 3 : 2;
+      for (int j = 0; j < width; ++j) values.push_back(static_cast<int32_t>(4 * i + 2 * k + j));
+      inner.push_back(static_cast<int32_t>(values.size()));
+    }
+    outer.push_back(static_cast<int32_t>(inner.size() - 1));
+  }
+  std::vector<std::unique_ptr<ArrayNode>> cols;
+  const int64_t sizes[] = {static_cast<int64_t>(data.size())};
+  cols.push_back(node(n, 0, 0, {{}, views, data, bytes_of(std::vector<int64_t>(sizes, sizes + 1))}));
+  std::vector<std::unique_ptr<ArrayNode>> lv_child;
+  lv_child.push_back(node(40, 0, 0, {{}, bytes_of(lv_items)}));
+  cols.push_back(node(n, 0, 0, {{}, bytes_of(lv_offsets), bytes_of(lv_sizes)}, std::move(lv_child)));
+  std::vector<std::unique_ptr<ArrayNode>> lb_child;
+  lb_child.push_back(node(at - 3, 0, 3, {{}, bytes_of(bits)}));
+  cols.push_back(node(n, 0, 0, {{}, bytes_of(lb_offsets)}, std::move(lb_child)));
+  std::vector<std::unique_ptr<ArrayNode>> leaf, mid;
+  leaf.push_back(node(static_cast<int64_t>(values.size()), 0, 0, {{}, bytes_of(values)}));
+  mid.push_back(node(static_cast<int64_t>(inner.size() - 1), 0, 0, {{}, bytes_of(inner)}, std::move(leaf)));
+  cols.push_back(node(n, 0, 0, {{}, bytes_of(outer)}, std::move(mid)));
+  ArrowArray batch = root_array(node(n - 1, 0, 1, {{}}, std::move(cols)));
+  std::vector<std::unique_ptr<SchemaNode>> fields, lv_item, lb_item, ll_item, ll_leaf;
+  fields.push_back(field("vu", "sv"));
+  lv_item.push_back(field("i", "item"));
+  fields.push_back(field("+vl", "lv", std::move(lv_item)));
+  lb_item.push_back(field("b", "item"));
+  fields.push_back(field("+l", "lb", std::move(lb_item)));
+  ll_leaf.push_back(field("i", "item"));
+  ll_item.push_back(field("+l", "item", std::move(ll_leaf)));
+  fields.push_back(field("+l", "ll", std::move(ll_item)));
+  ArrowSchema schema = root_schema(field("+s", "", std::move(fields)));
+  std::vector<ArrowArray*> batches{&batch};
+  return std::make_shared<ArrowTable>(&schema, batches);
+}
+
+std::vector<ArrowColumnRequest> view_requests() {
+  ArrowColumnRequest sv, lv, lb, ll;
+  sv.name = "sv", lv.name = "lv", lb.name = "lb", ll.name = "ll";
+  sv.as_list = true;
+  sv.pad = lv.pad = ll.pad = std::vector<std::byte>(4, std::byte{0});
+  sv.pad = {std::byte{0}};
+  lb.pad = {std::byte{0}};
+  lv.max_items = 4, lb.max_items = 4;
+  ll.list_shape = {2, 2};
+  return {sv, lv, lb, ll};
+}
+
+TEST_CASE(arrow_source_gathers_views_bool_lists_and_declared_shapes) {
+  {
+    auto t = view_table(/*bad_row=*/-1);
+    ArrowSource src(t, view_requests());
+    CHECK(src.schema().size() == 5u);  // lv, lv_lengths, lb, lb_lengths, ll (sv is a list of values)
+    const std::vector<int64_t> ids{3, 0, 2, 1};
+    std::vector<int32_t> lv(4 * 4), ll(4 * 4);
+    std::vector<int64_t> lv_len(4), lb_len(4);
+    std::vector<uint8_t> lb(4 * 4);
+    std::byte* parts[] = {reinterpret_cast<std::byte*>(lv.data()), reinterpret_cast<std::byte*>(lv_len.data()),
+                          reinterpret_cast<std::byte*>(lb.data()), reinterpret_cast<std::byte*>(lb_len.data()),
+                          reinterpret_cast<std::byte*>(ll.data())};
+    std::shared_ptr<void> extras;
+    FillRequest r;
+    r.ids = ids.data(), r.count = 4, r.parts = parts, r.extras = &extras;
+    src.fill(r);
+    const auto* lists = static_cast<const ArrowStringLists*>(extras.get());
+    CHECK(lists && lists->names.size() == 1u);
+    for (int64_t i = 0; i < 4; ++i) {
+      const int64_t row = ids[i] + 1;  // the record batch's offset of 1
+      const std::string want = row % 2 ? std::string(20, static_cast<char>('a' + row)) : std::string(1, '0' + static_cast<char>(row));
+      const auto& o = lists->offsets[0];
+      CHECK(std::string(lists->bytes[0].data() + o[i], static_cast<size_t>(o[i + 1] - o[i])) == want);
+      CHECK(lv_len[i] == std::min<int64_t>(row, 4));
+      for (int64_t k = 0; k < 4; ++k) CHECK(lv[i * 4 + k] == (k < std::min<int64_t>(row, 4) ? 30 - 5 * row + k : 0));
+      CHECK(lb_len[i] == std::min<int64_t>(row, 4));
+      for (int64_t k = 0; k < 4; ++k) CHECK(lb[i * 4 + k] == (k < std::min<int64_t>(row, 4) ? (row + k) % 2 : 0));
+      for (int64_t k = 0; k < 4; ++k) CHECK(ll[i * 4 + k] == 4 * row + k);
+    }
+  }
+  {
+    // A row of another shape than declared is an error naming the column and the row.
+    ArrowSource src(view_table(/*bad_row=*/3), view_requests());
+    const std::vector<int64_t> ids{0, 2};  // row 3 of the data, past the slice's offset of 1
+    std::vector<std::byte> buf(256);
+    std::byte* parts[] = {buf.data(), buf.data(), buf.data(), buf.data(), buf.data()};
+    std::shared_ptr<void> extras;
+    FillRequest r;
+    r.ids = ids.data(), r.count = 2, r.parts = parts, r.extras = &extras;
+    bool named = false;
+    try {
+      src.fill(r);
+    } catch (const std::invalid_argument& e) {
+      named = std::strstr(e.what(), "'ll': row 2 does not have the declared shape (2, 2)") != nullptr;
+    }
+    CHECK(named);
+  }
+  CHECK(g_live.load() == 0);
 }
 
 TEST_CASE(row_group_cache_decodes_evicts_and_gathers_from_threads) {

@@ -304,7 +304,12 @@ TEST_CASE(lazy_gather_matches_the_rows_in_memory_fixed_and_ragged) {
   set_lazy_shards(r2, rf.shards, fresh, rf.values_ids, rf.offsets_ids);
   const int64_t row_of_shard_3 = 3 * 3;
   CHECK_THROWS(gather_ragged(r2, &row_of_shard_3, 1, reinterpret_cast<std::byte*>(slots.data()), lengths.data()),
-               std::invalid_argument, "o3: a row of 3 items, longer than the manifest's columns[].longest (2)");
+               std::invalid_argument, "holds 3 items, longer than the manifest's columns[].longest (2)");
+  // The message names the column, the shard, the file and the row.
+  CHECK_THROWS(gather_ragged(r2, &row_of_shard_3, 1, reinterpret_cast<std::byte*>(slots.data()), lengths.data()),
+               std::invalid_argument, "ragged column r, shard 3 (");
+  CHECK_THROWS(gather_ragged(r2, &row_of_shard_3, 1, reinterpret_cast<std::byte*>(slots.data()), lengths.data()),
+               std::invalid_argument, "/o3): row 0 holds 3 items");
   CHECK(cache->stats().pinned == 0);
 }
 

@@ -57,6 +57,8 @@ class ColumnSpec(NamedTuple):
     # file per shard, offsets file per shard (ragged), longest row allowed (ragged; -1: any));
     # the shard table's addresses are then 0.
     lazy: tuple = ()
+    # Per shard: where its data come from (a ragged shard's offsets file), named in messages.
+    shard_labels: tuple = ()
 
 
 

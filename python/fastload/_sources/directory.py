@@ -27,7 +27,7 @@ from .columns import ColumnSpec, ColumnState, array_source, describe_array
 from .manifest import CHECKSUM, FORMAT, MANIFEST, VERSION, Bad, DatasetError, read_regular
 from .manifest import check_names, parse, want, want_dtype, want_int, want_shape
 from .mapping import FileChecks, LazyTable, array_of, describe_change, map_file, maps_lazily
-from .ragged import Ragged
+from .ragged import Ragged, offsets_problem
 from .shards import describe_shards, output_names
 from .protocol import redeclare as _redeclare
 
@@ -166,6 +166,21 @@ class _File:
 
 def _is_regular(mode: int) -> bool:
     return stat.S_ISREG(mode)
+
+
+def _check_offsets(col: "_Column", k: int, offsets_file: Any, o: np.ndarray, items: int, when: str) -> None:
+    """A ragged shard's offsets run non-decreasing from 0 to its values' rows, and no row is longer
+    than the manifest's `longest`; DatasetError naming the column, the shard, the row and the file."""
+    where = f"ragged column {col.name!r}, shard {k} ({offsets_file.path})"
+    problem = offsets_problem(o, items)
+    if problem:
+        raise DatasetError(f"{where}: offsets are not non-decreasing from 0 to {items}: {problem}{when}")
+    steps = np.diff(o)
+    if len(steps) and int(steps.max()) > col.longest:
+        row = int(np.argmax(steps))
+        raise DatasetError(f"{where}: row {row} holds {int(steps[row])} items, longer than the manifest's "
+                           f"columns[].longest ({col.longest}): its rows would be cut without a word; fix the manifest "
+                           f"or pass max_length{when}")
 
 
 class _Column:
@@ -363,13 +378,7 @@ class DiskDataset:
                 values, offsets = f
                 values.verify()
                 offsets.verify()
-                o = offsets.map()
-                steps = np.diff(o)
-                if o[0] != 0 or o[-1] != values.shape[0] or (len(steps) and steps.min() < 0):
-                    raise DatasetError(f"{offsets.path}: offsets are not non-decreasing from 0 to {values.shape[0]}")
-                if len(steps) and int(steps.max()) > col.longest:
-                    raise DatasetError(f"{offsets.path}: a row of {int(steps.max())} items, longer than the manifest's "
-                                       f"longest ({col.longest})")
+                _check_offsets(col, k, offsets, offsets.map(), values.shape[0], "")
 
     def _check_directory(self) -> None:
         """`path` still names the directory opened: an overwrite swaps in another one, whose files
@@ -410,17 +419,8 @@ class DiskDataset:
         cap = self._max_length[col.name]
         if _cut_is_asked(col, cap):
             return
-        for (values, offsets_file), (_, o) in zip(col.files, arrays):
-            steps = np.diff(o)
-            if o[0] != 0 or o[-1] != values.shape[0] or (len(steps) and steps.min() < 0):
-                raise DatasetError(f"{offsets_file.path}: offsets are not non-decreasing from 0 to "
-                                   f"{values.shape[0]} (found when the shards were mapped)")
-            if len(steps):
-                longest = int(steps.max())
-                if longest > col.longest:
-                    raise DatasetError(f"{offsets_file.path}: a row of {longest} items, longer than the manifest's "
-                                       f"columns[].longest ({col.longest}) for column {col.name!r}: its rows would be "
-                                       "cut without a word; fix the manifest or pass max_length")
+        for k, ((values, offsets_file), (_, o)) in enumerate(zip(col.files, arrays)):
+            _check_offsets(col, k, offsets_file, o, values.shape[0], " (found when the shards were mapped)")
 
     def _all_files(self) -> list[_File]:
         return [one for col in self._disk_columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
@@ -438,7 +438,8 @@ class DiskDataset:
             else:
                 ragged = Ragged._trusted([v for v, _ in arrays], [o for _, o in arrays], col.longest,
                                          self._pad[col.name], self._max_length[col.name])
-                specs.append(ragged._describe(col.name))
+                # The gather names a corrupt row's shard and file (the offsets are read per row).
+                specs.append(ragged._describe(col.name)._replace(shard_labels=tuple(o.path for _, o in col.files)))
         return specs
 
     def native_source(self) -> Any:

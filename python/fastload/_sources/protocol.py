@@ -94,6 +94,9 @@ def as_source(obj: Any, *, pad: Any = None, max_length: Any = None, collate_fn: 
             raise ValueError(f"{', '.join(given)} apply to Python datasets (__getitem__), not to Arrow data "
                              f"({type(obj).__name__}), which is gathered natively")
         return Arrow(obj, pad=pad, max_length=max_length)
+    if type(obj).__name__ == "LazyFrame" and type(obj).__module__.startswith("polars"):
+        raise TypeError("source is a Polars LazyFrame, a query not yet run: collect it first (fl.Loader(lf.collect(), "
+                        "...)), which fastload then reads natively")
     check_map_style(obj)
     from .python import PythonSource  # noqa: PLC0415 - only Python datasets need it
 

@@ -51,6 +51,23 @@ def _pad_bytes(what: str, pad: Any, values: Any) -> bytes:
     return t.reshape(1).view(torch.uint8).numpy().tobytes()
 
 
+def offsets_problem(o: np.ndarray, items: int) -> str | None:
+    """The first thing wrong with a ragged shard's offsets over `items` values (they must run
+    non-decreasing from 0 to items), naming the row; None if nothing is."""
+    if len(o) == 0:
+        return "there are no offsets"
+    if o[0] != 0:
+        return f"row 0 starts at offset {int(o[0])}, not 0"
+    bad = np.flatnonzero((o[1:] < o[:-1]) | (o[1:] > items))
+    if len(bad):
+        r = int(bad[0])
+        how = "decreasing" if o[r + 1] < o[r] else f"past the shard's {items} values"
+        return f"row {r} has offsets [{int(o[r])}, {int(o[r + 1])}), {how}"
+    if o[-1] != items:
+        return f"its last row ends at offset {int(o[-1])}, not at its {items} values' end"
+    return None
+
+
 def _offsets_array(what: str, offsets: Any) -> np.ndarray:
     if isinstance(offsets, torch.Tensor):
         offsets = offsets.detach().cpu().numpy()
