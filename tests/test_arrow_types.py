@@ -314,14 +314,26 @@ def test_parquet_reads_the_same_extension_shapes_and_fills(tmp_path):
     rng = np.random.default_rng(5)
     tensors = rng.integers(0, 9, (50, 2, 3)).astype(np.int32)
     labels = [None if i % 4 == 0 else f"label {i}" for i in range(50)]
-    # (from_storage: an array from_numpy_ndarray has the identity permutation set, and fl.Parquet's
-    # schema.empty_table() cannot build such a type in pyarrow 26)
-    typ = pa.fixed_shape_tensor(pa.int32(), (2, 3))
-    column = pa.ExtensionArray.from_storage(typ, pa.array(tensors.reshape(50, 6).tolist(), pa.list_(pa.int32(), 6)))
+    # from_numpy_ndarray sets the identity permutation, which pyarrow's schema.empty_table() cannot
+    # build (NotImplementedError in pyarrow 26): fl.Parquet makes its empty tables from storage.
+    column = pa.FixedShapeTensorArray.from_numpy_ndarray(tensors)
+    assert list(column.type.permutation) == [0, 1]
     t = pa.table({"t": column, "label": labels})
     pq.write_table(t, tmp_path / "t.parquet", row_group_size=16)
     got = epoch(fl.Parquet(tmp_path / "t.parquet", fill_null={"label": "?"}, with_valid=True), with_index=True)
     np.testing.assert_array_equal(got["t"], tensors[got["index"]])
+    plain = pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.int32(), (2, 3)), column.storage)
+    pq.write_table(pa.table({"t": plain}), tmp_path / "plain.parquet", row_group_size=16)
+    as_stored = epoch(fl.Parquet(tmp_path / "plain.parquet"), with_index=True)
+    np.testing.assert_array_equal(as_stored["t"], tensors[as_stored["index"]])
+    permuted = pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.int32(), (2, 3), permutation=[1, 0]),
+                                              column.storage)
+    pq.write_table(pa.table({"t": permuted}), tmp_path / "permuted.parquet")
+    with pytest.raises(ValueError, match=r"'t' is an arrow.fixed_shape_tensor of shape \[2, 3\] with the permutation"):
+        fl.Parquet(tmp_path / "permuted.parquet")
+    pq.write_table(pa.table({"n": pa.array([], pa.null()), "x": pa.array([], pa.int64())}), tmp_path / "none.parquet")
+    with pytest.raises(ValueError, match="hold no rows"):  # said before the null column's type
+        fl.Parquet(tmp_path / "none.parquet")
     assert got["label"] == ["?" if labels[i] is None else labels[i] for i in got["index"]]
     np.testing.assert_array_equal(got["label_valid"], [labels[i] is not None for i in got["index"]])
     pq.write_table(pa.table({"e": pa.ExtensionArray.from_storage(pa.bool8(), pa.array([0, 1], pa.int8()))}),

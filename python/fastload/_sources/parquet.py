@@ -187,8 +187,10 @@ class Parquet:
             for g in range(meta.num_row_groups):
                 self._groups.append((k, g))
                 rows.append(meta.row_group(g).num_rows)
+        if sum(rows) == 0:  # said before the columns' types are looked at (an empty file's may be null)
+            raise ValueError(f"the Parquet files at {path} hold no rows")
         self._schema = _with_partitions(schema, self._partitions)  # the files' columns, then the partitions'
-        self._schema_table = _C.ArrowTable.from_stream(self._schema.empty_table().__arrow_c_stream__())
+        self._schema_table = _C.ArrowTable.from_stream(empty_table(self._schema).__arrow_c_stream__())
         self._selected, self._requests, self._names = plan_columns(
             self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
         self.string_lists = [r[0] for r in self._requests if r[6]]
@@ -201,8 +203,6 @@ class Parquet:
         self._check_null_counts(metas, fill_null or {})
         self._check_null_partitions(fill_null or {})
         self._rows = rows
-        if sum(rows) == 0:
-            raise ValueError(f"the Parquet files at {path} hold no rows")
         self._cache_bytes = cache_bytes
         names = [f"row group {g} of {self._paths[k]}" for k, g in self._groups]
         # order="block" shuffles within windows of consecutive row groups (at least _WINDOW_SHARDS, and
@@ -292,7 +292,7 @@ class Parquet:
         group_of_file = self._fragment(k).subset(row_group_ids=[g])
         batches = list(group_of_file.to_batches(columns=self._read, batch_size=_DECODE_BATCH_ROWS, use_threads=False,
                                                 memory_pool=self._pool))
-        table = pa.Table.from_batches(batches) if batches else self._read_schema.empty_table()
+        table = pa.Table.from_batches(batches) if batches else empty_table(self._read_schema)
         for name, values in partitions:
             table = table.append_column(name, values)
         return table.__arrow_c_stream__(), table.nbytes
@@ -360,12 +360,26 @@ class Parquet:
                 f"{', '.join(self._selected)})")
 
 
+def empty_table(schema: Any) -> Any:
+    """A table of no rows with this schema. pyarrow's own schema.empty_table() raises for some
+    extension types (a fixed_shape_tensor with a permutation, even the identity that
+    FixedShapeTensorArray.from_numpy_ndarray sets): those are made from their storage type."""
+    import pyarrow as pa  # noqa: PLC0415 - present: a Parquet source imported it
+
+    def empty(t: Any) -> Any:
+        if isinstance(t, pa.BaseExtensionType):
+            return pa.ExtensionArray.from_storage(t, empty(t.storage_type))
+        return pa.array([], type=t)
+
+    return pa.Table.from_arrays([empty(f.type) for f in schema], schema=schema)
+
+
 def _with_partitions(schema: Any, partitions: Partitions) -> Any:
     """The files' schema with the partition columns after its own; a key that is also a column of
     the files (or a struct's field flattened, `meta.id`) is refused naming both."""
     if not partitions.names:
         return schema
-    leaves = {c["name"] for c in _C.ArrowTable.from_stream(schema.empty_table().__arrow_c_stream__()).columns}
+    leaves = {c["name"] for c in _C.ArrowTable.from_stream(empty_table(schema).__arrow_c_stream__()).columns}
     for name in partitions.names:
         if name in schema.names or name in leaves:
             column = schema.field(name).type if name in schema.names else "a struct field"
