@@ -73,6 +73,21 @@ int choose_jpeg_scale(double x_scale, double y_scale) {
 
 namespace {
 
+// What the bytes look like, for the message when no decoder takes them.
+std::string guess_format(const uint8_t* d, size_t n) {
+  auto starts = [&](const char* magic, size_t at = 0) {
+    const size_t len = std::strlen(magic);
+    return n >= at + len && std::memcmp(d + at, magic, len) == 0;
+  };
+  if (starts("RIFF") && starts("WEBP", 8)) return "WebP";
+  if (starts("GIF87a") || starts("GIF89a")) return "GIF";
+  if (starts("BM")) return "BMP";
+  if (starts("II*") || starts("MM")) return n >= 4 && (d[2] == 42 || d[3] == 42) ? "TIFF" : "unknown";
+  if (n >= 2 && d[0] == 'P' && d[1] >= '1' && d[1] <= '7') return "PNM (PPM/PGM/PBM)";
+  if (n >= 12 && std::memcmp(d + 4, "ftyp", 4) == 0) return "HEIF/AVIF (ISO media)";
+  return "unknown";
+}
+
 std::string first_bytes(const uint8_t* d, size_t n) {
   std::string s;
   char hex[4];
@@ -81,6 +96,12 @@ std::string first_bytes(const uint8_t* d, size_t n) {
     s += hex;
   }
   return s.empty() ? "nothing (an empty file)" : "0x" + s;
+}
+
+[[noreturn]] void refuse(const uint8_t* data, size_t size) {
+  throw ImageError("format " + guess_format(data, size) + " (it starts with " + first_bytes(data, size) +
+                   ") is not decoded natively by this build, and fl.Image(fallback=None) (or Pillow not "
+                   "installed) leaves no fallback decoder");
 }
 
 void check_pixels(int width, int height, const ImageSpec& spec, const char* format) {
@@ -159,9 +180,7 @@ ImageSize ImageDecoder::size_of(const uint8_t* data, size_t size, const Fallback
     return s;
   }
 #endif
-  if (!fallback)
-    throw ImageError("not a JPEG or PNG file (it starts with " + first_bytes(data, size) +
-                     ") and no fallback decoder is available (pip install pillow)");
+  if (!fallback) refuse(data, size);
   fallback->header(data, size, &s.width, &s.height, &s.format_name);
   return s;
 }
@@ -200,9 +219,7 @@ void ImageDecoder::decode(const uint8_t* data, size_t size, const ImageSpec& spe
   }
 #endif
   (void)format;
-  if (!fallback)
-    throw ImageError("not a JPEG or PNG file (it starts with " + first_bytes(data, size) +
-                     ") and no fallback decoder is available (pip install pillow)");
+  if (!fallback) refuse(data, size);
   int width = 0, height = 0;
   std::string name;
   fallback->header(data, size, &width, &height, &name);
