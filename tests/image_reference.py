@@ -27,7 +27,7 @@ def photo(height: int, width: int, seed: int = 0) -> np.ndarray:
             fx, fy = rng.uniform(0.5, 12, 2) / np.array([width, height])
             img[..., c] += rng.uniform(10, 40) * np.sin(2 * np.pi * (fx * x + fy * y) + rng.uniform(0, 2 * np.pi))
     for _ in range(20):
-        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(5, min(height, width) / 4)
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(2, max(3, min(height, width) / 4))
         img[(x - cx) ** 2 + (y - cy) ** 2 < r * r] += rng.uniform(-60, 60, 3)
     img += 128 + rng.normal(0, 6, img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
