@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -27,8 +26,10 @@ struct Item {
 
 static void decode(const Item& it, std::vector<unsigned char>& bytes, std::vector<unsigned char>& pixels,
                    jpeg_decompress_struct& c) {
-  std::ifstream f(it.path, std::ios::binary);
-  bytes.assign(std::istreambuf_iterator<char>(f), {});
+  std::ifstream f(it.path, std::ios::binary | std::ios::ate);
+  bytes.resize(static_cast<size_t>(f.tellg()));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   jpeg_mem_src(&c, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&c, TRUE);
   c.scale_num = static_cast<unsigned>(it.eighths);
