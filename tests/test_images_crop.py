@@ -9,11 +9,13 @@ import os
 
 import numpy as np
 import pytest
-from image_reference import (coordinates, encode, expected_crop, ramp_mismatch, random_resized_crop, sample_generator,
-                             write)
+from image_reference import (coordinates, encode, expected_crop, needs_native_decoders, ramp_mismatch,
+                             random_resized_crop, sample_generator, write)
 
 import fastload as fl
 from fastload import _C
+
+pytestmark = needs_native_decoders()
 
 SIZES = [(256, 200), (120, 256), (40, 40), (256, 20), (30, 250), (200, 200), (17, 256)]
 

@@ -8,11 +8,13 @@ import zlib
 
 import numpy as np
 import pytest
-from image_reference import encode, photo, png_bytes, write
+from image_reference import needs_native_decoders, encode, photo, png_bytes, write
 
 import fastload as fl
 from fastload import _C
 from fastload._sources.image_fallback import PilDecoder
+
+pytestmark = needs_native_decoders()
 
 
 def _loader_error(tmp_path, bad_name: str, bad: bytes, spec=None, **loader):

@@ -9,9 +9,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from image_reference import coordinates, encode, photo, torchvision_folder, write
+from image_reference import needs_native_decoders, coordinates, encode, photo, torchvision_folder, write
 
 import fastload as fl
+
+pytestmark = needs_native_decoders()
 
 
 @pytest.fixture

@@ -18,12 +18,14 @@ import subprocess
 
 import numpy as np
 import pytest
-from image_reference import encode, photo, pil_rgb, png_bytes, torchvision_eval
+from image_reference import needs_native_decoders, encode, photo, pil_rgb, png_bytes, torchvision_eval
 from PIL import Image as PILImage
 
 import fastload as fl
 from fastload import _C
 from fastload._sources.image_fallback import PilDecoder
+
+pytestmark = needs_native_decoders()
 
 
 def _decode(data: bytes, spec: fl.Image, index: int = 0, *, own=None, fallback=True):
