@@ -19,6 +19,7 @@
 #include "bindings/exit_parking.h"
 #include "bindings/gc_visible.h"
 #include "bindings/hooks.h"
+#include "bindings/image.h"
 #include "bindings/process_workers.h"
 #include "bindings/py_source.h"
 #include "bindings/register.h"
@@ -27,6 +28,7 @@
 #include "bindings/testing.h"
 #include "bindings/without_gil.h"
 #include "core/arrow_source.h"
+#include "image/image_error.h"
 #include "cuda/driver.h"
 #include "runtime/loader_runtime.h"
 
@@ -536,6 +538,8 @@ void translate_collation_error(const CollationError& e) {
     set_sample_error(s, e.what());
   } catch (const CallbackError& c) {
     set_callback_error(c, e.what());
+  } catch (const image::ImageError&) {
+    set_image_error(e.what());
   } catch (const std::bad_alloc&) {
     PyErr_SetString(PyExc_MemoryError, e.what());
   } catch (const std::invalid_argument&) {

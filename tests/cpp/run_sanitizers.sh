@@ -15,6 +15,9 @@
 #     test_lazy_mappings  lazy_mappings.h (files mapped on demand)
 #     test_stream       step-based sampling (mixture schedule, stream plans, mixed sources)
 #     test_arrow        arrow_source.h (arrays built by hand; the row-group cache from threads)
+#   test_images    the decode stage (csrc/image/*.cpp) with libjpeg and libpng: images decoded on
+#                  the engine's threads, bad files, every prefix of a file, crops of every kind;
+#                  left out (and said so) where the libjpeg or libpng headers are missing
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
 #                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
 #                  under the same sanitizer (a TSan-instrumented .so for the TSan build) and
@@ -47,7 +50,17 @@ cuda_sources=("$repo"/csrc/cuda/*.cpp)
 core_binaries=(test_sampler test_gather test_thread_pool test_buffer_pool test_engine test_pipeline test_fork_guard
                test_lazy_mappings test_stream test_arrow)
 cuda_binaries=(test_transfer)
-binaries=("${core_binaries[@]}" "${cuda_binaries[@]}")
+image_sources=("$repo"/csrc/image/*.cpp)
+image_binaries=(test_images)
+image_flags=(-DFASTLOAD_WITH_LIBJPEG -DFASTLOAD_WITH_LIBPNG)
+image_libs=(-ljpeg -lpng)
+if ! printf '#include <cstdio>\n#include <jpeglib.h>\n#include <png.h>\nint main(){return 0;}\n' \
+    | "$cxx" -x c++ - -fsyntax-only 2>/dev/null; then
+  echo "=== test_images left out: the libjpeg or libpng headers are missing (Debian: libjpeg-dev libpng-dev)"
+  image_sources=()
+  image_binaries=()
+fi
+binaries=("${core_binaries[@]}" "${cuda_binaries[@]}" "${image_binaries[@]}")
 
 flags_for() {
   case "$1" in
@@ -74,8 +87,8 @@ compile() {
   local test_sources=()
   for binary in "${binaries[@]}"; do test_sources+=("$here/$binary.cpp"); done
   # shellcheck disable=SC2046
-  for src in "${core_sources[@]}" "${cuda_sources[@]}" "${test_sources[@]}"; do
-    "$cxx" "${common[@]}" $(flags_for "$name") -c "$src" -o "$(obj "$src")" &
+  for src in "${core_sources[@]}" "${cuda_sources[@]}" "${image_sources[@]}" "${test_sources[@]}"; do
+    "$cxx" "${common[@]}" "${image_flags[@]}" $(flags_for "$name") -c "$src" -o "$(obj "$src")" &
     pids+=($!)
   done
   "$python" "$repo/tests/fake_cuda/build.py" "$dir" --sanitize "$(fake_sanitizer_for "$name")" \
@@ -83,9 +96,10 @@ compile() {
   pids+=($!)
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   [ "$rc" -eq 0 ] || return 1
-  local core_objs=() cuda_objs=()
+  local core_objs=() cuda_objs=() image_objs=()
   for src in "${core_sources[@]}"; do core_objs+=("$(obj "$src")"); done
   for src in "${cuda_sources[@]}"; do cuda_objs+=("$(obj "$src")"); done
+  for src in "${image_sources[@]}"; do image_objs+=("$(obj "$src")"); done
   pids=()
   for binary in "${core_binaries[@]}"; do
     # shellcheck disable=SC2046
@@ -96,6 +110,12 @@ compile() {
     # shellcheck disable=SC2046
     "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "${cuda_objs[@]}" "$dir/$binary.o" \
       -ldl -o "$dir/$binary" &
+    pids+=($!)
+  done
+  for binary in "${image_binaries[@]}"; do
+    # shellcheck disable=SC2046
+    "$cxx" "${common[@]}" $(flags_for "$name") "${core_objs[@]}" "${image_objs[@]}" "$dir/$binary.o" \
+      "${image_libs[@]}" -o "$dir/$binary" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
