@@ -89,6 +89,7 @@ class Fetcher:
     def __init__(self, client: Client, cache: ObjectCache, entries: Sequence[Entry], shard_files: Sequence[Sequence[int]],
                  limit: int, max_inflight_bytes: int | None = None):
         self.client, self.cache, self.entries, self.limit = client, cache, list(entries), limit
+        cache.limit = limit  # named when the file system under the cache is full
         self.shard_files = [list(f) for f in shard_files]
         self.shard_of_file = np.zeros(len(self.entries), dtype=np.int64)
         for k, files in enumerate(self.shard_files):
