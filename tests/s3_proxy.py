@@ -23,6 +23,7 @@ class Fault:
     delay: float = 0.0  # "delay": before the answer; "trickle": between two pieces of 64 bytes
     code: str = ""  # the error code of an HTTP error (default: the usual one for its status)
     to: str = ""  # "redirect": the base URL (another proxy) the 302 sends the request to
+    piece: int = 64  # "trickle": bytes written at a time
 
 
 class S3Proxy:
@@ -137,8 +138,8 @@ class S3Proxy:
                         self.connection.shutdown(socket.SHUT_RDWR)
                         return
                     if fault is not None and fault.kind == "trickle":
-                        for at in range(0, len(data), 64):  # every read of the client gets a little
-                            self.wfile.write(data[at:at + 64])
+                        for at in range(0, len(data), fault.piece):  # every read of the client gets a little
+                            self.wfile.write(data[at:at + fault.piece])
                             self.wfile.flush()
                             time.sleep(fault.delay)
                         return
@@ -162,8 +163,9 @@ class S3Proxy:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="s3-proxy")
         self.thread.start()
 
-    def arm(self, kind: str, match: str = "", times: int = 1, delay: float = 0.0, to: str = "") -> Fault:
-        f = Fault(kind, match, times, delay, to=to)
+    def arm(self, kind: str, match: str = "", times: int = 1, delay: float = 0.0, to: str = "",
+            piece: int = 64) -> Fault:
+        f = Fault(kind, match, times, delay, to=to, piece=piece)
         with self.lock:
             self.faults.append(f)
         return f
