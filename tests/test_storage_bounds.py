@@ -58,8 +58,8 @@ def test_a_trickled_body_is_cut_at_its_deadline_and_retried(s3_server, s3_proxy,
     for times, attempts in ((1, 3), (100, 2)):
         proxy.reset_counts()
         proxy.arm("trickle", match="a.bin", times=times, delay=0.25)
-        w = fl.Windows.from_files(url, dtype=np.uint16, length=1024, storage_options={**options, "max_attempts": attempts},
-                                  cache_dir=tmp_path / f"c{times}")
+        w = fl.Windows.from_files(url, dtype=np.uint16, length=1024, cache_dir=tmp_path / f"c{times}",
+                                  storage_options={**options, "max_attempts": attempts})
         started = time.monotonic()
         if times == 1:
             got = np.concatenate([b["tokens"].numpy().reshape(-1) for b in batches(fl.Loader(w, batch_size=8))])

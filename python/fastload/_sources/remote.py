@@ -136,7 +136,8 @@ class RemoteDataset:
         self._max_length = {n: _per_column("max_length", max_length, n, ragged) for n in ragged}
         for f in all_files:
             f.identity = (0, 0, 0, 0)  # the provider gives each download's identity when it is mapped
-        entries = [Entry(u, f.rel, f.offset + f.nbytes, _ShardCheck(f, u), v) for f, u, v in zip(all_files, urls, versions)]
+        entries = [Entry(u, f.rel, f.offset + f.nbytes, _ShardCheck(f, u), v)
+                   for f, u, v in zip(all_files, urls, versions)]
         index = {id(f): i for i, f in enumerate(all_files)}
         shard_files: list[list[int]] = [[] for _ in rows]
         for col in columns:

@@ -520,8 +520,9 @@ class ObstoreS3Client(Client):
             try:
                 listed = S3Client({**self._options, "client": "boto3"}).list(prefix)
             except ImportError:
-                raise OSError(f"listing {prefix}: {listed}; obstore cannot list a prefix that holds a key with an "
-                              "empty, '.' or '..' segment: install boto3 (it lists any key), or remove that key") from None
+                raise OSError(f"listing {prefix}: {listed}; obstore cannot list a prefix that holds a key with "
+                              "an empty, '.' or '..' segment: install boto3 (it lists any key), or remove that "
+                              "key") from None
         return sorted(listed, key=lambda t: t[0].key)
 
     def unreadable(self, url: Url) -> str | None:

@@ -16,7 +16,6 @@ import time
 from typing import Any, Callable, Iterator
 
 MIN_RATE = 1 << 20  # bytes per second a body must average beyond its first read_timeout seconds
-_IDLE_S = 10.0  # the watcher thread ends after this long with nothing to watch
 
 
 def body_limit(read_timeout: float, size: int | None) -> float:
@@ -39,21 +38,25 @@ class Watch:
 
 
 class _Watcher:
-    """The process's one watcher thread (started when a GET is watched, ended when idle, made
-    anew in a forked child): cuts the connections of the GETs past their deadlines."""
+    """The process's one watcher thread (a daemon, started with the first GET watched, idle on a
+    condition when there is nothing to watch): cuts the connections of the GETs past their
+    deadlines. A forked child starts with none of its parent's GETs and no thread."""
 
     def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        # In a forked child too: the parent's GETs (whose sockets the child shares) are not the
+        # child's to cut, and the lock may have been held by a thread that the child lacks.
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Watch]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
-        self._pid = 0
 
     def add(self, watch: Watch) -> None:
         with self._cond:
             heapq.heappush(self._heap, (watch.when, next(self._order), watch))
-            if self._thread is None or self._pid != os.getpid():
-                self._pid = os.getpid()
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="fastload-deadline")
                 self._thread.start()
             self._cond.notify()
@@ -70,9 +73,7 @@ class _Watcher:
                 while self._heap and self._heap[0][2].cut is None:
                     heapq.heappop(self._heap)
                 if not self._heap:
-                    if not self._cond.wait(_IDLE_S) and not self._heap:
-                        self._thread = None
-                        return
+                    self._cond.wait()
                     continue
                 wait = self._heap[0][0] - time.monotonic()
                 if wait > 0:
@@ -87,6 +88,7 @@ class _Watcher:
 
 
 _WATCHER = _Watcher()
+os.register_at_fork(after_in_child=_WATCHER._forget)
 
 
 @contextlib.contextmanager
