@@ -113,6 +113,9 @@ def test_cache_dir_with_a_tilde_is_the_home_folders(s3_server, tmp_path, monkeyp
     batches(fl.Loader(w, batch_size=8))
     assert ds.cache_dir.startswith(str(home / "fl-cache")) and os.listdir(home / "fl-cache")
     assert not os.listdir(work)  # no folder named "~" here
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")  # quoted in a shell: reaches us unexpanded
+    default = fl.Dataset.open(f"s3://{bucket}/ds", storage_options=opts(endpoint))
+    assert default.cache_dir.startswith(str(home / "xdg" / "fastload" / "remote")) and not os.listdir(work)
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -45,8 +45,8 @@ def parse_size(value: Any, what: str = "cache_limit") -> int:
 def default_cache_root() -> str:
     """A per-user folder under the platform's cache directory (XDG_CACHE_HOME or ~/.cache);
     never /dev/shm: cached shards are files, not shared-memory segments."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fastload", "remote")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(base), "fastload", "remote")  # a quoted "~/..." in the variable too
 
 
 def cache_key(*parts: bytes) -> str:

@@ -52,6 +52,7 @@ class _Watcher:
         self._heap: list[tuple[float, int, Watch]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._done = 0  # GETs in the heap that ended before their deadline
 
     def add(self, watch: Watch) -> None:
         with self._cond:
@@ -64,7 +65,13 @@ class _Watcher:
     def remove(self, watch: Watch) -> bool:
         """Stops watching; True if the deadline had already cut the connection."""
         with self._cond:
-            watch.cut = None  # left in the heap: skipped when it comes up
+            if not watch.fired:
+                watch.cut = None  # left in the heap: skipped when it comes up
+                self._done += 1
+                if self._done > 1024 and 2 * self._done > len(self._heap):  # many small GETs: keep it small
+                    self._heap = [e for e in self._heap if e[2].cut is not None]
+                    heapq.heapify(self._heap)
+                    self._done = 0
             return watch.fired
 
     def _run(self) -> None:
@@ -72,6 +79,7 @@ class _Watcher:
             with self._cond:
                 while self._heap and self._heap[0][2].cut is None:
                     heapq.heappop(self._heap)
+                    self._done = max(0, self._done - 1)
                 if not self._heap:
                     self._cond.wait()
                     continue
