@@ -38,15 +38,25 @@ def is_url(value: Any) -> bool:
 
 
 def shown(value: str) -> str:
-    """`value` as a message may show it: any user information (`user:secret@`) before the host
-    replaced by `***@`, so that refusing a URL never prints the secret it carries."""
+    """`value` as a refusal may show it: everything before its last `@` replaced by `***` (user
+    information, whose secret may hold a `/`, as AWS secret keys do), so that refusing a URL never
+    prints the secret it carries. A key with an `@` is cut short too: harmless in a refusal."""
     scheme, sep, rest = value.partition("://")
-    if not sep:
+    if not sep or "@" not in rest:
         return value
-    authority, slash, path = rest.partition("/")
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+
+
+def _has_user_info(scheme: str, authority: str) -> bool:
+    """Whether the part before the first `/` carries user information: an `@`; for a bucket a
+    `:` (bucket names hold none, and `key:secret/with/slashes@bucket` stops at the secret's first
+    `/`); for a host, a `:` not followed by a port number."""
     if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
+        return True
+    if scheme in BUCKET_SCHEMES:
+        return ":" in authority
+    _, colon, port = authority.rpartition(":")
+    return bool(colon) and not authority.endswith("]") and not (port.isdigit() or port == "")
 
 
 def parse_url(value: str, what: str = "path") -> Url:
@@ -62,8 +72,7 @@ def parse_url(value: str, what: str = "path") -> Url:
     if scheme not in SCHEMES:
         raise ValueError(f"{what} {shown(value)!r}: unknown URL scheme {scheme!r} (supported: s3://, gs://, http://, "
                          "https://)")
-    authority = rest.partition("/")[0]
-    if "@" in authority:
+    if _has_user_info(scheme, rest.partition("/")[0]):
         how = ("the credential chain or storage_options (key, secret, token)" if scheme in BUCKET_SCHEMES else
                "storage_options={'headers': {...}}")
         raise ValueError(f"{what} {shown(value)!r}: an {scheme}:// URL with a user name or password is refused (it "
