@@ -286,3 +286,39 @@ def test_a_token_key_obstore_cannot_name_is_an_error_saying_so(s3_server, tmp_pa
     w = fl.Windows.from_files(f"s3://{bucket}/tok/", dtype=np.uint16, length=16, cache_dir=tmp_path / "c",
                               storage_options=opts(endpoint, client="boto3"))
     assert len(w.files) == 2 and len(batches(fl.Loader(w, batch_size=1))) == 8
+
+
+# ------------------------------------------------------------------------------------ item 4: copies
+@pytest.mark.parametrize("client", S3_CLIENTS)
+def test_a_copy_made_after_a_rewrite_refuses_the_new_bytes(s3_server, tmp_path, client):
+    """A pickled (or copied) source opened again in another process after an object was
+    rewritten: the copy would read the new bytes where the original reads the old ones (DDP ranks
+    that train on different data), so it is an error naming the object."""
+    import copy
+    import pickle
+
+    endpoint = s3_server[0]
+    bucket = _bucket(endpoint)
+    options = opts(endpoint, client=client)
+    for k, data in enumerate(_tokens(1)):
+        _s3(endpoint).put_object(Bucket=bucket, Key=f"tok/{k}.bin", Body=data)
+    local = tmp_path / "ds"
+    _write(local, 1, checksum=False)
+    _put_shards(lambda key, data: _s3(endpoint).put_object(Bucket=bucket, Key=key, Body=data), local, "ds")
+    w = fl.Windows.from_files(f"s3://{bucket}/tok/", dtype=np.uint16, length=64, storage_options=options,
+                              cache_dir=tmp_path / "c")
+    ds = fl.Dataset.open(f"s3://{bucket}/ds", storage_options=options, cache_dir=tmp_path / "c")
+    same_w, same_ds = pickle.loads(pickle.dumps(w)), copy.deepcopy(ds)  # nothing changed: fine
+    assert same_w.files == w.files and len(same_ds) == len(ds)
+    blob_w, blob_ds = pickle.dumps(w), pickle.dumps(ds)
+    _s3(endpoint).put_object(Bucket=bucket, Key="tok/2.bin", Body=_tokens(2)[2])
+    _write(tmp_path / "new", 2, checksum=False)  # other bytes, the same size
+    _s3(endpoint).put_object(Bucket=bucket, Key="ds/x/000001.npy", Body=(tmp_path / "new/x/000001.npy").read_bytes())
+    with pytest.raises(ValueError, match=rf"s3://{bucket}/tok/2\.bin: the object changed since this source was "
+                                         "pickled or copied"):
+        pickle.loads(blob_w)
+    with pytest.raises(fl.DatasetError, match=rf"s3://{bucket}/ds/x/000001\.npy: the object changed since this "
+                                              "Dataset was pickled or copied"):
+        pickle.loads(blob_ds)
+    with pytest.raises(fl.DatasetError, match="changed since this Dataset was pickled or copied"):
+        copy.deepcopy(ds)

@@ -121,6 +121,7 @@ class RemoteDataset:
         # (for this process, or another that opened the dataset before the rewrite).
         versions = _shard_versions(client, where, urls, [f.offset + f.nbytes for f in all_files],
                                    [f.checksum is None for f in all_files])
+        self._versions = versions
         root = _folder(cache_dir, cache_key(text, *[v.encode() for v in versions]))
         for f in all_files:
             f.path = os.path.join(root, f.rel)
@@ -242,11 +243,11 @@ class RemoteDataset:
     def __reduce__(self) -> tuple:
         # Credentials never travel: the unpickled source reads them from its process's chain.
         return _reopen, (self.url, self._pad, self._max_length, redacted_options(self._options), self._cache_dir,
-                         self._cache_limit, self._digest)
+                         self._cache_limit, self._digest, self._versions)
 
     def __deepcopy__(self, memo: dict) -> "RemoteDataset":
         return _reopen(self.url, dict(self._pad), dict(self._max_length), self._options, self._cache_dir,
-                       self._cache_limit, self._digest)
+                       self._cache_limit, self._digest, self._versions)
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}{' ragged' if c.kind == 'ragged' else ''}"
@@ -255,7 +256,9 @@ class RemoteDataset:
 
 
 def _reopen(url: str, pad: Any, max_length: Any, options: dict, cache_dir: Any, cache_limit: Any,
-            digest: str) -> RemoteDataset:
+            digest: str, versions: list[str] | None = None) -> RemoteDataset:
+    """The dataset opened again in another process (or a copy): the same manifest and the same
+    versions of its shards, or an error (a copy must never read other bytes than the original)."""
     from .manifest import DatasetError  # noqa: PLC0415
 
     ds = RemoteDataset(url, pad=pad, max_length=max_length, storage_options=options, cache_dir=cache_dir,
@@ -263,7 +266,18 @@ def _reopen(url: str, pad: Any, max_length: Any, options: dict, cache_dir: Any, 
     if ds._digest != digest:
         raise DatasetError(f"{url}: the dataset changed since this Dataset was pickled or copied (its manifest.json "
                            "differs); open it again")
+    changed = _first_changed([e.url for e in ds._fetcher.entries], versions, ds._versions)
+    if changed is not None:
+        raise DatasetError(f"{changed}: the object changed since this Dataset was pickled or copied (its version "
+                           "differs); open the dataset again")
     return ds
+
+
+def _first_changed(urls: Sequence[Any], before: Sequence[str] | None, now: Sequence[str]) -> Any:
+    """The first URL whose version differs between `before` (None: not recorded) and `now`."""
+    if before is None:
+        return None
+    return next((u for u, a, b in zip(urls, before, now) if a != b), None)
 
 
 def _shard_versions(client: Client, where: Url, urls: list[Url], sizes: list[int], unchecked: list[bool]) -> list[str]:
@@ -355,7 +369,8 @@ def remote_token_files(paths: Any, dtype: Any, row_shape: Sequence[int], storage
     fetcher = Fetcher(client, cache, entries, [[k] for k in range(len(urls))], limit)
     _check_largest(limit, max(sizes), urls[0])
     return RemoteTokenFiles([cache.path(r) for r in rels], sizes, dt, shape, row, fetcher,
-                            ([str(u) for u in urls], dt.str, shape, redacted_options(options), cache_dir, cache_limit))
+                            ([str(u) for u in urls], dt.str, shape, redacted_options(options), cache_dir, cache_limit,
+                             list(tags)))
 
 
 class RemoteTokenFiles(TokenFiles):
@@ -381,6 +396,13 @@ class RemoteTokenFiles(TokenFiles):
 
 
 def restore_token_files(reduced: tuple) -> RemoteTokenFiles:
-    """An unpickled or copied remote Windows: listed (or HEAD) again, same cache folder."""
-    _, urls, dtype, row_shape, options, cache_dir, cache_limit = reduced
-    return remote_token_files(list(urls), dtype, row_shape, options, cache_dir, cache_limit)
+    """An unpickled or copied remote Windows: HEAD again, same cache folder, and the same
+    versions (a copy must never read other bytes than the original), else an error naming the
+    file that changed."""
+    _, urls, dtype, row_shape, options, cache_dir, cache_limit, *versions = reduced
+    files = remote_token_files(list(urls), dtype, row_shape, options, cache_dir, cache_limit)
+    changed = _first_changed(urls, versions[0] if versions else None, files._reduced[-1])
+    if changed is not None:
+        raise ValueError(f"{changed}: the object changed since this source was pickled or copied (its version "
+                         "differs); open the token files again")
+    return files
