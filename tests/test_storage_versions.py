@@ -236,6 +236,13 @@ def test_a_prefix_is_a_folder_never_its_siblings(s3_server, gcs_server, tmp_path
         assert w.files == [url + "/a.bin"], w.files
         got = np.concatenate([b["tokens"].numpy().reshape(-1) for b in batches(fl.Loader(w, batch_size=4))])
         assert np.array_equal(got, mine)
+        # A URL naming an object (no folder of that name) is that object, as a local file path is.
+        one = fl.Windows.from_files(url + "/a.bin", dtype=np.uint16, length=16, storage_options=options,
+                                    cache_dir=tmp_path / "c")
+        assert one.files == [url + "/a.bin"]
+        with pytest.raises(FileNotFoundError, match="no objects under this prefix"):
+            fl.Windows.from_files(url + "/none", dtype=np.uint16, length=16, storage_options=options,
+                                  cache_dir=tmp_path / "c")
 
 
 @pytest.mark.parametrize("client", S3_CLIENTS)
@@ -251,6 +258,10 @@ def test_a_parquet_prefix_is_a_folder_never_its_siblings(s3_server, tmp_path, cl
                         cache_dir=tmp_path / "c")
     ids = np.concatenate([b["id"].numpy() for b in batches(fl.Loader(source, batch_size=50, device="cpu"))])
     assert sorted(ids.tolist()) == list(range(100))
+    one = fl.Parquet(f"s3://{bucket}/tbl.parquet", ["id"], storage_options=opts(endpoint, client=client),
+                     cache_dir=tmp_path / "c")  # one file, as a local path to a file
+    ids = np.concatenate([b["id"].numpy() for b in batches(fl.Loader(one, batch_size=50, device="cpu"))])
+    assert sorted(ids.tolist()) == list(range(2000, 2100))
 
 
 # ------------------------------------------------------------------------------------ item 11: keys obstore cannot name
