@@ -1,6 +1,7 @@
 """A small HTTP proxy between the loader and the S3 server of the tests (moto on 127.0.0.1): it
-forwards every request, counts GETs per path, and injects the faults a test arms: connection
-resets, 503 SlowDown, truncated or corrupted bodies, delays. Loopback only; each armed fault
+forwards every request, counts GETs per path, keeps every request's headers, and injects the
+faults a test arms: connection resets, 503 SlowDown, truncated or corrupted bodies, delays, bodies
+trickled 64 bytes at a time, redirects to another proxy. Loopback only; each armed fault
 fires a bounded number of times."""
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 
 @dataclass
 class Fault:
-    kind: str  # "reset", "503", "500", "truncate", "corrupt", "delay", "404", "403"
+    kind: str  # "reset", "503", "500", "truncate", "corrupt", "delay", "404", "403", "trickle", "redirect"
     match: str = ""  # substring of the request path ("" : any); only GETs of objects
     times: int = 1  # how many requests it hits (then it is spent)
-    delay: float = 0.0
+    delay: float = 0.0  # "delay": before the answer; "trickle": between two pieces of 64 bytes
     code: str = ""  # the error code of an HTTP error (default: the usual one for its status)
+    to: str = ""  # "redirect": the base URL (another proxy) the 302 sends the request to
+    piece: int = 64  # "trickle": bytes written at a time
 
 
 class S3Proxy:
@@ -37,6 +40,7 @@ class S3Proxy:
         # access key id, a bearer token) -> (status, error code); see expire().
         self.expired: dict[str, tuple[int, str]] = {}
         self.refused = 0  # requests answered so
+        self.headers: list[dict[str, str]] = []  # the headers of every request received, in order
         self.lock = threading.Lock()
         proxy = self
 
@@ -56,6 +60,7 @@ class S3Proxy:
                 fault = None
                 with proxy.lock:
                     proxy.requests += 1
+                    proxy.headers.append(dict(self.headers.items()))
                     if is_object_get:
                         proxy.gets[path.split("?")[0]] += 1
                         proxy.log.append(path.split("?")[0])
@@ -102,6 +107,12 @@ class S3Proxy:
                     self.end_headers()
                     self.wfile.write(xml)
                     return
+                if fault is not None and fault.kind == "redirect":
+                    self.send_response(302)
+                    self.send_header("Location", fault.to + path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if fault is not None and fault.kind == "delay":
                     time.sleep(fault.delay)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
@@ -126,6 +137,12 @@ class S3Proxy:
                         self.close_connection = True
                         self.connection.shutdown(socket.SHUT_RDWR)
                         return
+                    if fault is not None and fault.kind == "trickle":
+                        for at in range(0, len(data), fault.piece):  # every read of the client gets a little
+                            self.wfile.write(data[at:at + fault.piece])
+                            self.wfile.flush()
+                            time.sleep(fault.delay)
+                        return
                     if fault is not None and fault.kind == "corrupt" and data:
                         data = bytearray(data)
                         data[-1] ^= 0xFF
@@ -146,8 +163,9 @@ class S3Proxy:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="s3-proxy")
         self.thread.start()
 
-    def arm(self, kind: str, match: str = "", times: int = 1, delay: float = 0.0) -> Fault:
-        f = Fault(kind, match, times, delay)
+    def arm(self, kind: str, match: str = "", times: int = 1, delay: float = 0.0, to: str = "",
+            piece: int = 64) -> Fault:
+        f = Fault(kind, match, times, delay, to=to, piece=piece)
         with self.lock:
             self.faults.append(f)
         return f
@@ -164,6 +182,7 @@ class S3Proxy:
             self.log.clear()
             self.ranged.clear()
             self.requests = 0
+            self.headers.clear()
             self.peak_in_flight = 0
             self.faults.clear()
 

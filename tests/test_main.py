@@ -45,6 +45,18 @@ def test_main_runs_and_prints_the_summary(tmp_path: Path) -> None:
     assert sorted(p.name for p in data.iterdir()) == ["demo_features.npy", "demo_labels.npy", "demo_meta.json"]
 
 
+def test_data_dir_with_a_tilde_is_the_home_folders(tmp_path: Path) -> None:
+    """`--data-dir=~/x` reaches the program unexpanded (the shell expands a leading ~ only): it is
+    the home folder's x, not a folder named "~" in the working directory."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    done = subprocess.run([sys.executable, "-m", "fastload", *TINY, "--data-dir=~/demo"], capture_output=True,
+                          text=True, timeout=60, cwd=work, env={**os.environ, "HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    assert (home / "demo" / "demo_features.npy").exists() and not list(work.iterdir())
+
+
 def test_help_documents_the_options() -> None:
     helped = run_main("--help")
     assert helped.returncode == 0

@@ -891,7 +891,8 @@ def test_loader_stats_show_the_storage_counters_of_the_run(remote_dir, s3_server
     assert s.bytes_per_s == s.bytes_fetched / s.fetch_busy_s and 0 < s.bytes_per_s
     assert s.cached_bytes == size and s.limit == ds.storage_stats().limit
     text = str(loader.stats())
-    assert f"{size / 1e6:,.1f} MB fetched in 16 requests" in text and f"{s.misses:,} misses" in text, text
+    assert f"{size / 1e6:,.1f} MB fetched (1.00x the dataset) in 16 requests" in text, text
+    assert f"{s.misses:,} misses" in text and s.dataset_bytes == size and s.fetched_per_dataset == 1.0, text
     # The next epoch's counters start again: everything is cached, nothing is fetched or waited for.
     _batches(loader, 1)
     s2 = loader.stats().storage

@@ -61,8 +61,9 @@ class LoaderStats:
     - storage: for sources in object storage (s3://, https://), their counters since iter() (a
       Mix's remote sources added together): bytes_fetched, requests, hits and misses (files the
       collation threads found cached, or waited for), wait_s (time they waited for fetches),
-      bytes_per_s (from storage while downloads ran), prefetched, evictions; and cached_bytes of
-      limit now. None when every source is local.
+      bytes_per_s (from storage while downloads ran), prefetched, evictions; cached_bytes of
+      limit now; dataset_bytes and fetched_per_dataset (bytes_fetched over the source's bytes:
+      1.0 when an epoch fetched each byte once). None when every source is local.
     """
 
     epoch: int
@@ -145,8 +146,9 @@ class LoaderStats:
                                            f"(position {src.position:,})"))
         st = self.storage
         if st is not None:
-            rows.append(("storage", f"{st.bytes_fetched / 1e6:,.1f} MB fetched in {st.requests:,} requests at "
-                                    f"{st.bytes_per_s / 1e6:,.1f} MB/s; {st.prefetched:,} files prefetched"))
+            rows.append(("storage", f"{st.bytes_fetched / 1e6:,.1f} MB fetched ({st.fetched_per_dataset:.2f}x the "
+                                    f"dataset) in {st.requests:,} requests at {st.bytes_per_s / 1e6:,.1f} MB/s; "
+                                    f"{st.prefetched:,} files prefetched"))
             rows.append(("storage cache", f"{st.hits:,} hits, {st.misses:,} misses; collation waited {st.wait_s:.3f} s "
                                           f"for fetches; {st.evictions:,} evictions; {st.cached_bytes / 1e6:,.1f} MB "
                                           f"cached of {st.limit / 1e6:,.1f} MB"))

@@ -8,6 +8,7 @@ Remote Parquet will come through the same seam: its row groups are objects the f
 and a Parquet source maps or reads (see docs/object-storage.md)."""
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import os
 import threading
@@ -28,7 +29,8 @@ _MAX_MANIFEST_BYTES = 1 << 30
 
 
 def _folder(cache_dir: Any, key: str) -> str:
-    base = default_cache_root() if cache_dir is None else os.path.abspath(os.fspath(cache_dir))
+    # "~/cache" is the home folder's, as a shell reads it: not a folder named "~" here.
+    base = default_cache_root() if cache_dir is None else os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
     if base.startswith("/dev/shm"):
         raise ValueError(f"cache_dir {base!r} is under /dev/shm: the cache holds whole shards, which belong on a "
                          "disk, not in shared memory")
@@ -103,15 +105,28 @@ class RemoteDataset:
         if len(text) > _MAX_MANIFEST_BYTES:
             raise DatasetError(f"{murl}: {len(text)} bytes, more than a manifest can be")
         self._digest = cache_key(text)
-        root = _folder(cache_dir, self._digest)
-        cache = ObjectCache(root)
         try:
             manifest = parse(text)
             files: list[Any] = []
-            columns, rows, total = _layout(root, manifest, files.append)
+            columns, rows, total = _layout(_folder(cache_dir, self._digest), manifest, files.append)
         except Bad as e:
             where_field = f" field {e.field}:" if e.field else ""
             raise DatasetError(f"{murl}:{where_field} {e.message}") from None
+        all_files = [one for col in columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
+        urls = [where.child(f.rel) for f in all_files]
+        for u in urls:
+            _check_readable(client, u)
+        # Every GET is pinned to the version seen now, and the cache folder is keyed by those
+        # versions too: a shard rewritten under the same manifest is an error, never new bytes
+        # (for this process, or another that opened the dataset before the rewrite).
+        versions = _shard_versions(client, where, urls, [f.offset + f.nbytes for f in all_files],
+                                   [f.checksum is None for f in all_files])
+        self._versions = versions
+        root = _folder(cache_dir, cache_key(text, *[v.encode() for v in versions]))
+        for f in all_files:
+            f.path = os.path.join(root, f.rel)
+        limit = _limit(cache_limit, root)
+        cache = ObjectCache(root, limit)
         cache.put(MANIFEST, text)  # for people looking at the cache
         self.manifest = manifest
         self._columns: list[_Column] = columns
@@ -120,20 +135,16 @@ class RemoteDataset:
         ragged = [c.name for c in columns if c.kind == "ragged"]
         self._pad = {n: _per_column("pad", pad, n, ragged) for n in ragged}
         self._max_length = {n: _per_column("max_length", max_length, n, ragged) for n in ragged}
-        all_files = [one for col in columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
         for f in all_files:
             f.identity = (0, 0, 0, 0)  # the provider gives each download's identity when it is mapped
-        entries = [Entry(where.child(f.rel), f.rel, f.offset + f.nbytes, _ShardCheck(f, where.child(f.rel)))
-                   for f in all_files]
-        if where.scheme in ("s3", "gs"):  # http(s) has no listing: a missing file is found when fetched
-            _check_listed(client, where, entries)
+        entries = [Entry(u, f.rel, f.offset + f.nbytes, _ShardCheck(f, u), v)
+                   for f, u, v in zip(all_files, urls, versions)]
         index = {id(f): i for i, f in enumerate(all_files)}
         shard_files: list[list[int]] = [[] for _ in rows]
         for col in columns:
             for k, f in enumerate(col.files):
                 shard_files[k] += [index[id(one)] for one in (f if isinstance(f, tuple) else (f,))]
         self._all_files = all_files
-        limit = _limit(cache_limit, root)
         fetcher = Fetcher(client, cache, entries, shard_files, limit)
         _check_largest(limit, int(fetcher.shard_bytes.max()), where)
         self._fetcher = fetcher
@@ -232,11 +243,11 @@ class RemoteDataset:
     def __reduce__(self) -> tuple:
         # Credentials never travel: the unpickled source reads them from its process's chain.
         return _reopen, (self.url, self._pad, self._max_length, redacted_options(self._options), self._cache_dir,
-                         self._cache_limit, self._digest)
+                         self._cache_limit, self._digest, self._versions)
 
     def __deepcopy__(self, memo: dict) -> "RemoteDataset":
         return _reopen(self.url, dict(self._pad), dict(self._max_length), self._options, self._cache_dir,
-                       self._cache_limit, self._digest)
+                       self._cache_limit, self._digest, self._versions)
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}{' ragged' if c.kind == 'ragged' else ''}"
@@ -245,7 +256,9 @@ class RemoteDataset:
 
 
 def _reopen(url: str, pad: Any, max_length: Any, options: dict, cache_dir: Any, cache_limit: Any,
-            digest: str) -> RemoteDataset:
+            digest: str, versions: list[str] | None = None) -> RemoteDataset:
+    """The dataset opened again in another process (or a copy): the same manifest and the same
+    versions of its shards, or an error (a copy must never read other bytes than the original)."""
     from .manifest import DatasetError  # noqa: PLC0415
 
     ds = RemoteDataset(url, pad=pad, max_length=max_length, storage_options=options, cache_dir=cache_dir,
@@ -253,21 +266,49 @@ def _reopen(url: str, pad: Any, max_length: Any, options: dict, cache_dir: Any, 
     if ds._digest != digest:
         raise DatasetError(f"{url}: the dataset changed since this Dataset was pickled or copied (its manifest.json "
                            "differs); open it again")
+    changed = _first_changed([e.url for e in ds._fetcher.entries], versions, ds._versions)
+    if changed is not None:
+        raise DatasetError(f"{changed}: the object changed since this Dataset was pickled or copied (its version "
+                           "differs); open the dataset again")
     return ds
 
 
-def _check_listed(client: Client, where: Url, entries: list[Entry]) -> None:
-    """One listing of the prefix: every object the manifest names exists with its size (a
-    missing one is FileNotFoundError naming its URL now, not at some later batch)."""
-    listed = {u.key: size for u, size, _ in client.list(where.child(""))}
-    for e in entries:
-        size = listed.get(e.url.key)
-        if size is None:
-            raise FileNotFoundError(f"{e.url}: no such object (the manifest names it)")
-        if size != e.size:
-            from .manifest import DatasetError  # noqa: PLC0415
+def _first_changed(urls: Sequence[Any], before: Sequence[str] | None, now: Sequence[str]) -> Any:
+    """The first URL whose version differs between `before` (None: not recorded) and `now`."""
+    if before is None:
+        return None
+    return next((u for u, a, b in zip(urls, before, now) if a != b), None)
 
-            raise DatasetError(f"{e.url}: {size} bytes in storage, the manifest expects {e.size}")
+
+def _shard_versions(client: Client, where: Url, urls: list[Url], sizes: list[int], unchecked: list[bool]) -> list[str]:
+    """The version (ETag, generation) of each shard, every one checked to exist with the manifest's
+    size (a missing one is FileNotFoundError naming its URL now, not at some later batch): s3://
+    and gs:// from one listing of the prefix; http(s)://, which has no listing, by a HEAD of each
+    shard that has no checksum in the manifest (one that has is held to it at every download)."""
+    from .manifest import DatasetError  # noqa: PLC0415
+
+    if where.scheme in ("s3", "gs"):
+        listed = {u.key: (size, tag) for u, size, tag in client.list(where.child(""))}
+        found = [listed.get(u.key) for u in urls]
+    else:
+        heads = [k for k, no_checksum in enumerate(unchecked) if no_checksum]
+        found = [(n, "") for n in sizes]
+        if heads:
+            with concurrent.futures.ThreadPoolExecutor(max(1, min(client.concurrency, len(heads)))) as pool:
+                for k, got in zip(heads, pool.map(lambda k: client.stat(urls[k]), heads)):
+                    found[k] = got
+    for u, n, got in zip(urls, sizes, found):
+        if got is None:
+            raise FileNotFoundError(f"{u}: no such object (the manifest names it)")
+        if got[0] != n:
+            raise DatasetError(f"{u}: {got[0]} bytes in storage, the manifest expects {n}")
+    return [tag for _, tag in found]  # type: ignore[misc]
+
+
+def _check_readable(client: Client, url: Url) -> None:
+    reason = client.unreadable(url)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 # ------------------------------------------------------------------------------ token files
@@ -277,9 +318,16 @@ def _remote_urls(paths: Any, client_for: Any) -> tuple[list[Url], list[int], lis
     if isinstance(paths, str):
         where = parse_url(paths, "paths")
         client = client_for(where.scheme)
-        listed = [t for t in client.list(where) if not t[0].key.endswith("/")]
+        listed = [t for t in client.list(where) if not t[0].key.endswith("/")]  # the folder where/
+        if not listed and where.key and not where.key.endswith("/"):
+            try:  # not a folder: the object itself, as a local path names a file or a directory
+                listed = [(where, *client.stat(where))]
+            except FileNotFoundError:
+                pass
         if not listed:
             raise FileNotFoundError(f"{paths}: no objects under this prefix")
+        for u, _, _ in listed:
+            _check_readable(client, u)
         return [u for u, _, _ in listed], [n for _, n, _ in listed], [t for _, _, t in listed], client
     urls = [parse_url(os.fspath(p), f"paths[{k}]") if is_url(p) else None for k, p in enumerate(paths)]
     if any(u is None for u in urls):
@@ -289,6 +337,8 @@ def _remote_urls(paths: Any, client_for: Any) -> tuple[list[Url], list[int], lis
     if len(schemes) > 1:
         raise ValueError(f"paths mixes URL schemes {sorted(schemes)}: pass one kind")
     client = client_for(urls[0].scheme)
+    for u in urls:
+        _check_readable(client, u)
     stats = [client.stat(u) for u in urls]
     return urls, [n for n, _ in stats], [t for _, t in stats], client
 
@@ -310,14 +360,17 @@ def remote_token_files(paths: Any, dtype: Any, row_shape: Sequence[int], storage
     # the old file's cached bytes.
     key = cache_key(dt.str.encode(), *[f"{u} {n} {t}".encode() for u, n, t in zip(urls, sizes, tags)])
     root = _folder(cache_dir, key)
-    cache = ObjectCache(root)
-    rels = [f"{k:06d}-{os.path.basename(u.key) or 'object'}" for k, u in enumerate(urls)]
-    entries = [Entry(u, rel, n) for u, rel, n in zip(urls, rels, sizes)]
     limit = _limit(cache_limit, root)
+    cache = ObjectCache(root, limit)
+    rels = [f"{k:06d}-{os.path.basename(u.key) or 'object'}" for k, u in enumerate(urls)]
+    # Every GET pinned to the version listed (or HEAD) now: a file rewritten since is an error
+    # naming it, never its new bytes beside the old ones of the files still cached.
+    entries = [Entry(u, rel, n, None, t) for u, rel, n, t in zip(urls, rels, sizes, tags)]
     fetcher = Fetcher(client, cache, entries, [[k] for k in range(len(urls))], limit)
     _check_largest(limit, max(sizes), urls[0])
     return RemoteTokenFiles([cache.path(r) for r in rels], sizes, dt, shape, row, fetcher,
-                            ([str(u) for u in urls], dt.str, shape, redacted_options(options), cache_dir, cache_limit))
+                            ([str(u) for u in urls], dt.str, shape, redacted_options(options), cache_dir, cache_limit,
+                             list(tags)))
 
 
 class RemoteTokenFiles(TokenFiles):
@@ -343,6 +396,13 @@ class RemoteTokenFiles(TokenFiles):
 
 
 def restore_token_files(reduced: tuple) -> RemoteTokenFiles:
-    """An unpickled or copied remote Windows: listed (or HEAD) again, same cache folder."""
-    _, urls, dtype, row_shape, options, cache_dir, cache_limit = reduced
-    return remote_token_files(list(urls), dtype, row_shape, options, cache_dir, cache_limit)
+    """An unpickled or copied remote Windows: HEAD again, same cache folder, and the same
+    versions (a copy must never read other bytes than the original), else an error naming the
+    file that changed."""
+    _, urls, dtype, row_shape, options, cache_dir, cache_limit, *versions = reduced
+    files = remote_token_files(list(urls), dtype, row_shape, options, cache_dir, cache_limit)
+    changed = _first_changed(urls, versions[0] if versions else None, files._reduced[-1])
+    if changed is not None:
+        raise ValueError(f"{changed}: the object changed since this source was pickled or copied (its version "
+                         "differs); open the token files again")
+    return files

@@ -7,6 +7,7 @@ No shared-memory segment, no daemon: nothing outlives a crash but files the next
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -44,8 +45,8 @@ def parse_size(value: Any, what: str = "cache_limit") -> int:
 def default_cache_root() -> str:
     """A per-user folder under the platform's cache directory (XDG_CACHE_HOME or ~/.cache);
     never /dev/shm: cached shards are files, not shared-memory segments."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fastload", "remote")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(base), "fastload", "remote")  # a quoted "~/..." in the variable too
 
 
 def cache_key(*parts: bytes) -> str:
@@ -66,20 +67,43 @@ def default_limit(folder: str) -> int:
 
 
 class Entry:
-    """One object of the dataset: where it comes from, its local name, what verifies it."""
+    """One object of the dataset: where it comes from, its local name, what verifies it, and the
+    version every GET of it is pinned to (the ETag or generation seen at open; None: unpinned)."""
 
-    __slots__ = ("url", "rel", "size", "verify")
+    __slots__ = ("url", "rel", "size", "verify", "version")
 
-    def __init__(self, url: Url, rel: str, size: int, verify: Any = None):  # verify: a client.BodyCheck
-        self.url, self.rel, self.size, self.verify = url, rel, size, verify
+    def __init__(self, url: Url, rel: str, size: int, verify: Any = None,  # verify: a client.BodyCheck
+                 version: str | None = None):
+        self.url, self.rel, self.size, self.verify, self.version = url, rel, size, verify, version or None
+
+
+@contextlib.contextmanager
+def no_space_explained(folder: str, url: Any, needed: int, limit: int | None) -> Iterator[None]:
+    """A full file system (or quota) under the cache is an error that names the folder, the
+    space free there, what was being written and cache_limit, not a bare "No space left"."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        try:
+            st = os.statvfs(folder)
+            free = f"{st.f_bavail * st.f_frsize} bytes free there"
+        except OSError:
+            free = "its free space unknown"
+        bound = "" if limit is None else f"; cache_limit is {limit} bytes"
+        raise OSError(e.errno, f"{url}: {os.strerror(e.errno)} in the cache folder {folder} ({free}, {needed} bytes "
+                               f"to write{bound}): free space there, lower cache_limit, or pass a cache_dir on a file "
+                               "system with room") from None
 
 
 class ObjectCache:
     """The folder `root` of one dataset's objects (complete, verified files by relative name)."""
 
-    def __init__(self, root: str):
-        self.root = root
-        os.makedirs(root, exist_ok=True)
+    def __init__(self, root: str, limit: int | None = None):
+        self.root, self.limit = root, limit  # limit: for the messages of a full file system
+        with no_space_explained(os.path.dirname(root) or ".", root, 0, limit):
+            os.makedirs(root, exist_ok=True)
         self.removed_partials = self._remove_abandoned()
 
     def path(self, rel: str) -> str:
@@ -123,7 +147,7 @@ class ObjectCache:
         opens the folder meanwhile removes only partial files whose lock nobody holds, so it
         leaves this one alone."""
         path = self.path(rel)
-        with _locked(path):
+        with no_space_explained(self.root, path, len(data), self.limit), _locked(path):
             _write_renamed(path, lambda out: out.write(data))
 
     def fetch(self, entry: Entry, get: Callable[..., int]) -> tuple[os.stat_result, int]:
@@ -131,13 +155,14 @@ class ObjectCache:
         process had it or fetched it meanwhile). One download per node: the flock on its lock
         file is held while it downloads, verifies and renames."""
         path = self.path(entry.rel)
-        with _locked(path):
+        pinned = {"version": entry.version} if entry.version else {}
+        with no_space_explained(self.root, entry.url, entry.size, self.limit), _locked(path):
             st = self.present(entry)
             if st is not None:
                 return st, 0
             self._remove_partials(path)  # the lock is ours: any partial file is abandoned
-            # size and checksum checked by get
-            n = _write_renamed(path, lambda out: get(entry.url, out, entry.size, entry.verify))
+            # size and checksum checked by get; the version pinned, if any (a rewrite is an error)
+            n = _write_renamed(path, lambda out: get(entry.url, out, entry.size, entry.verify, **pinned))
             return os.stat(path), n
 
     @staticmethod

@@ -1,5 +1,6 @@
-"""The clients that talk to object storage: S3 (and S3-compatible servers) through obstore or
-boto3, GCS (gcs.py) and plain HTTP(S) through the standard library; one retry policy around all.
+"""The clients that talk to object storage: S3 (and S3-compatible servers) through boto3 (here)
+or obstore (obstore_s3.py), GCS (gcs.py) and plain HTTP(S) (http.py) through the standard
+library; one retry policy around all, and what they share (errors, options, the body's check).
 
 Every request is retried here, not inside the client (boto3's own retries are switched off), so
 that the error raised after the budget names the URL, the last status and the attempts made.
@@ -10,19 +11,17 @@ from __future__ import annotations
 
 import http.client
 import io
-import os
 import random
-import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
 from .cache import parse_size
-from .credentials import aws_chain, obstore_s3_provider
-from .parts import DEFAULT_PART_SIZE, PartPool, get_in_parts, part_count
+from .credentials import aws_chain
+from .deadline import body_limit, watched
+from .parts import PartPool, get_in_parts, part_count
+from .quiet import quiet
 from .urls import Url
 
 T = TypeVar("T")
@@ -33,8 +32,6 @@ SECRET_OPTIONS = frozenset({"key", "secret", "token", "aws_access_key_id", "aws_
                             "aws_session_token", "headers"})
 _S3_OPTIONS = frozenset({"endpoint_url", "region_name", "profile", "anon", "max_attempts", "connect_timeout",
                          "read_timeout", "max_concurrency", "backoff", "max_backoff", "client", "part_size"}) | SECRET_OPTIONS
-_HTTP_OPTIONS = frozenset({"headers", "max_attempts", "connect_timeout", "read_timeout", "max_concurrency",
-                           "backoff", "max_backoff", "part_size"})
 
 
 class FetchError(OSError):
@@ -80,7 +77,8 @@ class RetryPolicy:
         last = ""
         for attempt in range(1, self.attempts + 1):
             try:
-                return fn()
+                with quiet():  # no third-party debug log of the request (it holds credentials)
+                    return fn()
             except _Transient as e:
                 last = e.status
             if attempt < self.attempts:
@@ -97,6 +95,11 @@ def _check_options(options: Mapping[str, Any], allowed: frozenset, scheme: str) 
     if unknown:  # names only: a misspelt key may hold a secret
         raise ValueError(f"storage_options has keys {scheme}:// does not take: {unknown} (it takes "
                          f"{sorted(allowed)})")
+    endpoint = options.get("endpoint_url")
+    if isinstance(endpoint, str) and "@" in endpoint.partition("://")[2].partition("/")[0]:
+        raise ValueError("storage_options['endpoint_url'] with a user name or password is refused (it would be "
+                         "written into messages and saved state); pass credentials through storage_options (key, "
+                         "secret, token) or the credential chain")
     return dict(options)
 
 
@@ -148,7 +151,8 @@ class Client:
 
 
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
-        """(object, bytes, version tag) of every object under the prefix, in name order. The tag
+        """(object, bytes, version tag) of every object under the prefix taken as a folder
+        ("tok" lists "tok/...", never "tok-old/..." or "tokenizer.bin"), in name order. The tag
         (the ETag) changes when an object is rewritten, so a cache keyed by it never serves the
         old bytes."""
         raise NotImplementedError
@@ -156,6 +160,11 @@ class Client:
     def stat(self, url: Url) -> tuple[int, str]:
         """(bytes, version tag) of one object."""
         raise NotImplementedError
+
+    def unreadable(self, url: Url) -> str | None:
+        """Why this client cannot read the object (a message naming it), or None: checked at open
+        for the objects a source reads, so that it fails there and says why."""
+        return None
 
     def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
                   check: BodyCheck | None = None, version: str | None = None) -> int:
@@ -234,6 +243,7 @@ class S3Client(Client):
             retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=2 * self.concurrency,
             connect_timeout=float(opts.get("connect_timeout", 10)), read_timeout=float(opts.get("read_timeout", 60)),
             signature_version=UNSIGNED if opts.get("anon") else None)
+        self._read_timeout = config.read_timeout
         key = opts.get("key", opts.get("aws_access_key_id"))
         secret = opts.get("secret", opts.get("aws_secret_access_key"))
         # The chain (renewed when a server refuses its credentials) unless credentials are given.
@@ -311,6 +321,7 @@ class S3Client(Client):
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
         out: list[tuple[Url, int, str]] = []
         token: str | None = None
+        prefix = prefix.child("")  # a folder: "tok/", never "tok-old/" or "tokenizer.bin"
         while True:
             args = {"Bucket": prefix.bucket, "Prefix": prefix.key}
             if token:
@@ -337,16 +348,30 @@ class S3Client(Client):
         if range_ is not None:
             args["Range"] = range_
 
+        from botocore.exceptions import BotoCoreError  # noqa: PLC0415
+
         def once(s3: Any) -> int:
             self._count()
+            started = time.monotonic()
             resp = s3.get_object(**args)
             if answer is not None:
                 answer["total"] = range_total(resp.get("ContentRange"))
+            if version is not None and resp.get("ETag") and resp["ETag"] != version:  # a server that ignores IfMatch
+                resp["Body"].close()
+                raise _changed(url, version)
             body = resp["Body"]
+            size = resp.get("ContentLength", expected)
+            # botocore's body (its private _raw_stream) reads whole chunks: a trickle is cut by
+            # the deadline (deadline.py).
+            raw = getattr(body, "_raw_stream", None)
             try:
-                return _write_body(body.read, out, expected, url, check)
-            except urllib3.exceptions.HTTPError as e:
-                raise _Transient(type(e).__name__) from None
+                with watched(lambda: raw.fileno(), started, body_limit(self._read_timeout, size)) as watch:
+                    try:
+                        return _write_body(body.read, out, expected, url, check)
+                    except (urllib3.exceptions.HTTPError, BotoCoreError, _Transient) as e:
+                        if watch.fired:
+                            raise _Transient(watch.label) from None
+                        raise e if isinstance(e, _Transient) else _Transient(type(e).__name__) from None
             finally:
                 body.close()
 
@@ -362,267 +387,7 @@ class S3Client(Client):
         return buf.getbuffer(), answer["total"]
 
 
-class HttpClient(Client):
-    """Plain HTTP(S) GETs (read-only, no listing) with the standard library; storage_options
-    `headers` (an Authorization header, say) are sent and never shown."""
-
-    def __init__(self, options: Mapping[str, Any]):
-        opts = _check_options(options, _HTTP_OPTIONS, "http(s)")
-        self.policy = _policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
-        configure_parts(self, opts, 0)  # a server may ignore Range and send it all: parts only when asked
-        self._headers = dict(opts.get("headers") or {})
-        self._timeout = float(opts.get("read_timeout", 60))
-        self._lock = threading.Lock()
-        self.requests = 0
-
-    def _open(self, url: Url, method: str, headers: Mapping[str, str] | None = None,
-              version: str | None = None) -> Any:
-        more = dict(headers or {})
-        if version and version.startswith('"'):  # a strong ETag
-            more["If-Match"] = version
-        elif version and not version.startswith("W/"):  # Last-Modified (a weak ETag never matches If-Match)
-            more["If-Unmodified-Since"] = version
-        return http_open(str(url), method, {**self._headers, **more}, self._timeout, url, version)
-
-    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
-        raise ValueError(f"{prefix}: http(s):// has no listing; pass a list of URLs (or a dataset directory's "
-                         "URL, whose manifest names its files)")
-
-    def stat(self, url: Url) -> tuple[int, str]:
-        def once() -> tuple[int, str]:
-            with self._open(url, "HEAD") as r:
-                n = r.headers.get("Content-Length")
-                tag = r.headers.get("ETag") or r.headers.get("Last-Modified") or ""
-            if n is None:
-                raise OSError(f"HEAD {url}: the server sent no Content-Length")
-            return int(n), tag
-
-        return self.policy.run("HEAD", url, once)
-
-    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
-                  check: BodyCheck | None = None, version: str | None = None) -> int:
-        def once() -> int:
-            with self._lock:
-                self.requests += 1
-            with self._open(url, "GET", None, version) as r:
-                return read_response(r, out, expected, url, check)
-
-        return self.policy.run("GET", url, once)
-
-    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
-        def once() -> tuple[Any, int | None]:
-            with self._lock:
-                self.requests += 1
-            buf = io.BytesIO()
-            with self._open(url, "GET", {"Range": f"bytes={start}-{end - 1}"}, version) as r:
-                if r.status == 206:
-                    read_response(r, buf, end - start, url, None)
-                    return buf.getbuffer(), range_total(r.headers.get("Content-Range"))
-                read_response(r, buf, None, url, None)  # a server without ranges sends it all
-            data = buf.getbuffer()
-            if len(data) < end:
-                raise _Transient(f"truncated body: {len(data) - start} of {end - start} bytes")
-            return data[start:end], len(data)
-
-        return self.policy.run("GET", url, once)
-
-
-def http_open(target: str, method: str, headers: Mapping[str, str], timeout: float, url: Url,
-              version: str | None = None) -> Any:
-    """urlopen(target) with the statuses turned into this module's errors (named by `url`, the
-    object, not by `target`, which may carry a query); a 401/403 is Refused."""
-    req = urllib.request.Request(target, method=method, headers=dict(headers))
-    try:
-        return urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s) only (parse_url)
-    except urllib.error.HTTPError as e:
-        e.close()
-        label = f"HTTP {e.code} {e.reason}"
-        if e.code == 404:
-            raise FileNotFoundError(f"{url}: no such object ({label})") from None
-        if e.code == 412 and version:
-            raise _changed(url, version) from None
-        if e.code in (401, 403):
-            raise Refused(f"{url}: access denied ({label})") from None
-        if e.code >= 500 or e.code in (408, 429):
-            raise _Transient(label) from None
-        raise OSError(f"{method} {url}: {label}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
-        raise _Transient(type(getattr(e, "reason", e)).__name__) from None
-
-
-def read_response(r: Any, out: BinaryIO, expected: int | None, url: Url, check: BodyCheck | None) -> int:
-    try:
-        return _write_body(r.read, out, expected, url, check)
-    except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
-        raise _Transient(type(e).__name__) from None
-
-
-_STATUS = re.compile(r"status code: (\d{3})")
-_CODE = re.compile(r"<Code>(\w+)</Code>")
-
-
-class ObstoreS3Client(Client):
-    """obstore (Rust's object_store): requests and body reads run in native code with the GIL
-    released, which is why it is the default where it is installed (docs/object-storage.md has
-    the measurement). Its own retries are off (RetryPolicy retries); credentials come from
-    boto3's chain when boto3 is installed (config files and profiles included; refreshed when
-    they expire, asked again when the server refuses them), else from object_store's own
-    (environment, instance metadata)."""
-
-    def __init__(self, options: Mapping[str, Any]):
-        import obstore  # noqa: PLC0415
-        from obstore.store import S3Store  # noqa: PLC0415
-
-        opts = _check_options(options, _S3_OPTIONS, "s3")
-        self._obstore, self._store_type = obstore, S3Store
-        self.policy = _policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
-        configure_parts(self, opts, DEFAULT_PART_SIZE)
-        endpoint = opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        self._config: dict[str, Any] = {}
-        if endpoint:
-            self._config["endpoint"] = endpoint
-        region = opts.get("region_name") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region:
-            self._config["region"] = region
-        self._client_options = {"allow_http": bool(endpoint and endpoint.startswith("http:")),
-                                "connect_timeout": f"{float(opts.get('connect_timeout', 10))}s",
-                                "timeout": f"{float(opts.get('read_timeout', 60))}s"}
-        self._chain = None
-        key, secret = opts.get("key", opts.get("aws_access_key_id")), opts.get("secret", opts.get("aws_secret_access_key"))
-        if opts.get("anon"):
-            self._config["skip_signature"] = True
-        elif key is not None or secret is not None:
-            self._config.update(access_key_id=key, secret_access_key=secret)
-            token = opts.get("token", opts.get("aws_session_token"))
-            if token is not None:
-                self._config["token"] = token
-        else:
-            self._chain = aws_chain(opts.get("profile"))
-        self._provider = None if self._chain is None else obstore_s3_provider(self._chain)
-        self._stores: dict[str, tuple[Any, int]] = {}
-        self._lock = threading.Lock()
-        self.requests = 0
-
-    def _store(self, bucket: str) -> tuple[Any, int]:
-        """The bucket's store and the credentials' generation it was made with: a renewal makes
-        new stores (obstore keeps the credentials it was given until their expiry)."""
-        generation = 0 if self._chain is None else self._chain.generation
-        with self._lock:
-            got = self._stores.get(bucket)
-        if got is None or got[1] != generation:
-            # Made with no lock held (see credentials.Renewable.renew): a race makes two, one is kept.
-            made = (self._make_store(bucket), generation)
-            with self._lock:
-                got = self._stores.get(bucket)
-                if got is None or got[1] < generation:
-                    got = self._stores[bucket] = made
-        return got
-
-    def _make_store(self, bucket: str) -> Any:
-        return self._store_type(bucket, client_options=self._client_options, retry_config={"max_retries": 0},
-                                credential_provider=self._provider, **self._config)
-
-    def _call(self, url: Url, what: str, fn: Callable[[Any], T], version: str | None = None) -> T:
-        from obstore import exceptions as ox  # noqa: PLC0415
-
-        def once() -> T:
-            for attempt in (0, 1):  # the second with renewed credentials
-                store, generation = self._store(url.bucket)
-                try:
-                    return fn(store)
-                except ox.PreconditionError:
-                    if version is None:
-                        raise OSError(f"{what} {url}: HTTP 412 precondition failed") from None
-                    raise _changed(url, version) from None
-                except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
-                    label = _label(str(e), type(e).__name__)
-                except FileNotFoundError as e:  # obstore's NotFoundError is one
-                    code = _CODE.search(str(e))
-                    raise FileNotFoundError(f"{url}: no such object or bucket (HTTP 404{' ' + code.group(1) if code else ''})") from None
-                except ox.BaseError as e:
-                    # Only the status and the S3 error code are kept: the rest of the text is the
-                    # client's debug dump, which is no place to look for (or leak) anything.
-                    text = str(e)
-                    status = _STATUS.search(text)
-                    label = _label(text, type(e).__name__)
-                    n = int(status.group(1)) if status else 0
-                    if n == 404:
-                        raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
-                    if n == 412 and version is not None:
-                        raise _changed(url, version) from None
-                    if n not in (401, 403):
-                        if 400 <= n < 500 and n not in (408, 429):
-                            raise OSError(f"{what} {url}: {label}") from None
-                        raise _Transient(label if status else "connection error") from None
-                # Refused (401/403): the chain again, and once more with what it gives.
-                if attempt == 0 and self._chain is not None and self._chain.renew(generation):
-                    continue
-                raise _refused(url, label, self._chain is not None) from None
-            raise AssertionError("unreachable")
-
-        return self.policy.run(what, url, once)
-
-    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
-        def run(store: Any) -> list[tuple[Url, int, str]]:
-            return [(prefix._replace(key=o["path"]), int(o["size"]), str(o.get("e_tag") or ""))
-                    for page in self._obstore.list(store, prefix=prefix.key or None) for o in page]
-
-        return sorted(self._call(prefix, "listing", run), key=lambda t: t[0].key)
-
-    def stat(self, url: Url) -> tuple[int, str]:
-        meta = self._call(url, "HEAD", lambda store: self._obstore.head(store, url.key))
-        return int(meta["size"]), str(meta.get("e_tag") or "")
-
-    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
-                  check: BodyCheck | None = None, version: str | None = None) -> int:
-        options = {"if_match": version} if version is not None else None
-
-        def run(store: Any) -> int:
-            with self._lock:
-                self.requests += 1
-            result = self._obstore.get(store, url.key, options=options)
-            return _write_body(_chunks(result.stream(min_chunk_size=_CHUNK)), out, expected, url, check)
-
-        return self._call(url, "GET", run, version)
-
-    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
-        options: dict[str, Any] = {"range": (start, end)}
-        if version is not None:
-            options["if_match"] = version
-
-        def run(store: Any) -> tuple[Any, int | None]:
-            with self._lock:
-                self.requests += 1
-            result = self._obstore.get(store, url.key, options=options)
-            data = result.bytes()  # obstore's own buffer: no copy
-            if len(data) != end - start:
-                raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
-            return data, int(result.meta["size"])  # the object's (object_store reads Content-Range)
-
-        return self._call(url, "GET", run, version)
-
-
 def range_total(content_range: str | None) -> int | None:
     """The object's size from a Content-Range header ("bytes 0-99/1234"); None if unknown."""
     total = (content_range or "").rpartition("/")[2].strip()
     return int(total) if total.isdigit() else None
-
-
-def _label(text: str, fallback: str) -> str:
-    """"HTTP <status> <S3 error code>" from a client's error text, or `fallback`."""
-    status = _STATUS.search(text)
-    code = _CODE.search(text)
-    return " ".join(x for x in ("HTTP " + status.group(1) if status else "", code.group(1) if code else "") if x) \
-        or fallback
-
-
-def _chunks(stream: Any) -> Callable[[int], bytes]:
-    """A read(n) over an iterator of chunks (the stream decides their size)."""
-    it = iter(stream)
-
-    def read(_: int) -> bytes:
-        return next(it, b"")
-
-    return read

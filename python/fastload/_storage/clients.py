@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .client import Client, HttpClient, ObstoreS3Client, S3Client
+from .client import Client, S3Client
+from .obstore_s3 import ObstoreS3Client
 from .gcs import GcsClient
+from .http import HttpClient
 
 
 def make_client(scheme: str, options: Mapping[str, Any] | None) -> Client:

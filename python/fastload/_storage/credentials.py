@@ -15,6 +15,8 @@ import hashlib
 import threading
 from typing import Any, Callable
 
+from .quiet import quiet
+
 # Handed to obstore as the expiry of credentials that do not expire by themselves, so that it
 # asks this module again now and then (cheap: no I/O) rather than caching them for good.
 _RECHECK = datetime.timedelta(minutes=5)
@@ -74,8 +76,9 @@ def aws_chain(profile: str | None) -> Renewable | None:
         return None
 
     def resolve() -> Any:
-        session = boto3.session.Session(profile_name=profile)
-        creds = session.get_credentials()
+        with quiet():  # a role's or SSO's chain makes requests, which botocore logs with the tokens
+            session = boto3.session.Session(profile_name=profile)
+            creds = session.get_credentials()
         return None if creds is None else (session, creds)
 
     def identity(pair: Any) -> tuple:
@@ -93,7 +96,8 @@ def obstore_s3_provider(chain: Renewable) -> Callable[[], dict[str, Any]]:
 
     def provide() -> dict[str, Any]:
         creds = chain.creds[1]
-        frozen = creds.get_frozen_credentials()  # refreshes temporary credentials near their expiry
+        with quiet():
+            frozen = creds.get_frozen_credentials()  # refreshes temporary credentials near their expiry
         now = datetime.datetime.now(datetime.timezone.utc)
         expires = now + _RECHECK
         expiry = getattr(creds, "_expiry_time", None)  # botocore's RefreshableCredentials

@@ -16,13 +16,13 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from .cache import Entry, ObjectCache
 from .client import Client
+from .stats import StorageStats
 
 _INF = np.iinfo(np.int64).max
 _DEMAND_WAIT = 120.0  # seconds a collation thread waits for room before the error
@@ -50,45 +50,11 @@ class Plan(Protocol):
     def window(self, at: int) -> PlanWindow: ...
 
 
-@dataclass
-class StorageStats:
-    """Counters of one remote source since it was opened (all processes' downloads are not
-    included: a file another process fetched is a hit here)."""
-    bytes_fetched: int = 0  # bytes this process downloaded
-    requests: int = 0  # GETs sent (retries included)
-    hits: int = 0  # files the collation threads found in the cache
-    misses: int = 0  # files they had to wait for (a fetch in flight or one they started)
-    wait_s: float = 0.0  # time collation threads waited for fetches
-    prefetched: int = 0  # files the fetcher downloaded ahead of need
-    evictions: int = 0
-    cached_bytes: int = 0  # bytes in the cache folder now
-    limit: int = 0  # the cache_limit
-    fetch_busy_s: float = 0.0  # time at least one download was running
-
-    @property
-    def bytes_per_s(self) -> float:
-        """Bytes from storage per second while downloads ran."""
-        return self.bytes_fetched / self.fetch_busy_s if self.fetch_busy_s > 0 else 0.0
-
-    def since(self, before: "StorageStats") -> "StorageStats":
-        """The counts since `before` (an earlier snapshot); cached_bytes and limit as they are now."""
-        out = StorageStats(**{k: getattr(self, k) for k in StorageStats.__dataclass_fields__})
-        for k in _COUNTS:
-            setattr(out, k, getattr(self, k) - getattr(before, k))
-        return out
-
-    def plus(self, other: "StorageStats") -> "StorageStats":
-        """Two sources' counts together (cache use and limits added too)."""
-        return StorageStats(**{k: getattr(self, k) + getattr(other, k) for k in StorageStats.__dataclass_fields__})
-
-
-_COUNTS = ("bytes_fetched", "requests", "hits", "misses", "wait_s", "prefetched", "evictions", "fetch_busy_s")
-
-
 class Fetcher:
     def __init__(self, client: Client, cache: ObjectCache, entries: Sequence[Entry], shard_files: Sequence[Sequence[int]],
                  limit: int, max_inflight_bytes: int | None = None):
         self.client, self.cache, self.entries, self.limit = client, cache, list(entries), limit
+        cache.limit = limit  # named when the file system under the cache is full
         self.shard_files = [list(f) for f in shard_files]
         self.shard_of_file = np.zeros(len(self.entries), dtype=np.int64)
         for k, files in enumerate(self.shard_files):
@@ -118,7 +84,7 @@ class Fetcher:
         self._scanned_at = 0.0
         self._files: Any = None  # the native LazyFiles, once the source is described
         self._pin_bound: int | None = None  # the most files a collation thread pins at once (bound_pins)
-        self._stats = StorageStats(limit=limit)
+        self._stats = StorageStats(limit=limit, dataset_bytes=sum(e.size for e in self.entries))
         self._active = 0
         self._busy_since = 0.0
         # The plan followed, in steps from where it was handed over: where the consumer is

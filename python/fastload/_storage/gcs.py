@@ -7,19 +7,24 @@ gcloud's application_default_credentials.json, workload identity, the metadata s
 refreshed before it expires and renewed when the server answers 401/403. Where
 STORAGE_EMULATOR_HOST is set (Google's convention for a local emulator) requests go there,
 unauthenticated, as Google's own clients do. The version tag of an object is its generation: a
-GET names it (ifGenerationMatch), so an object rewritten since the listing is ObjectChanged,
-never its new bytes."""
+GET names it (ifGenerationMatch), and the answer's generation (X-Goog-Generation) and hashes
+(X-Goog-Hash) are held to the listing's where it sends them, so an object rewritten since the
+listing is ObjectChanged, never its new bytes (also on a server that ignores ifGenerationMatch,
+as the emulator of the tests does)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
+import time
 import urllib.parse
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
-from .client import (BodyCheck, Client, Refused, _check_options, _policy, _refused, configure_parts, http_open,
-                     range_total, read_response)
+from .client import (BodyCheck, Client, Refused, _changed, _check_options, _policy, _refused, configure_parts,
+                     range_total)
 from .credentials import BearerTokens, google_chain
+from .http import http_open, read_response
 from .urls import Url
 
 T = TypeVar("T")
@@ -63,6 +68,7 @@ class GcsClient(Client):
             self._tokens = BearerTokens(chain)
         self._lock = threading.Lock()
         self.requests = 0
+        self._hashes: dict[tuple[str, str, str], dict[str, str]] = {}  # (bucket, key, generation) -> hashes listed
 
     # ------------------------------------------------------------------ requests
     def _target(self, url: Url, media: bool, query: Mapping[str, str] | None = None) -> str:
@@ -94,19 +100,48 @@ class GcsClient(Client):
 
     def _json(self, what: str, url: Url, target: str) -> Any:
         def fn(headers: dict[str, str]) -> Any:
+            body = io.BytesIO()
+            started = time.monotonic()
             with http_open(target, "GET", headers, self._timeout, url) as r:
-                return json.loads(r.read())
+                read_response(r, body, None, url, None, started, self._timeout)
+            return json.loads(body.getvalue())
 
         return self._call(what, url, fn)
+
+    def _listed(self, url: Url, item: Mapping[str, Any]) -> tuple[int, str]:
+        """(bytes, generation) of a listed object; its hashes kept for the answers' check."""
+        generation = str(item.get("generation", ""))
+        hashes = {k: str(item[f]) for k, f in (("md5", "md5Hash"), ("crc32c", "crc32c")) if item.get(f)}
+        if generation and hashes:
+            with self._lock:
+                self._hashes[(url.bucket, url.key, generation)] = hashes
+        return int(item["size"]), generation
+
+    def _check_answer(self, r: Any, url: Url, version: str | None) -> None:
+        """The answer is of generation `version`: its X-Goog-Generation, and its X-Goog-Hash
+        against the hashes listed with that generation."""
+        if not version:
+            return
+        sent = r.headers.get("X-Goog-Generation")
+        if sent and sent != version:
+            raise _changed(url, version)
+        with self._lock:
+            listed = self._hashes.get((url.bucket, url.key, version))
+        if listed and r.headers.get("X-Goog-Hash"):
+            got = dict(part.strip().split("=", 1) for part in r.headers["X-Goog-Hash"].split(",") if "=" in part)
+            if any(got.get(k) not in (None, v) for k, v in listed.items()):
+                raise _changed(url, version)
 
     # ------------------------------------------------------------------ Client
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
         out: list[tuple[Url, int, str]] = []
-        query = {"prefix": prefix.key, "fields": "items(name,size,generation),nextPageToken"}
+        prefix = prefix.child("")  # a folder: "tok/", never "tok-old/" or "tokenizer.bin"
+        query = {"prefix": prefix.key, "fields": "items(name,size,generation,md5Hash,crc32c),nextPageToken"}
         while True:
             page = self._json("listing", prefix, self._target(prefix._replace(key=""), False, query))
-            out += [(prefix._replace(key=o["name"]), int(o["size"]), str(o.get("generation", "")))
-                    for o in page.get("items", [])]
+            for o in page.get("items", []):
+                url = prefix._replace(key=o["name"])
+                out.append((url, *self._listed(url, o)))
             token = page.get("nextPageToken")
             if not token:
                 break
@@ -114,8 +149,8 @@ class GcsClient(Client):
         return sorted(out, key=lambda t: t[0].key)
 
     def stat(self, url: Url) -> tuple[int, str]:
-        meta = self._json("HEAD", url, self._target(url, False, {"fields": "size,generation"}))
-        return int(meta["size"]), str(meta.get("generation", ""))
+        meta = self._json("HEAD", url, self._target(url, False, {"fields": "size,generation,md5Hash,crc32c"}))
+        return self._listed(url, meta)
 
     def _get(self, url: Url, out: BinaryIO, expected: int | None, check: BodyCheck | None, version: str | None,
              range_: str | None, answer: dict | None = None) -> int:
@@ -125,10 +160,12 @@ class GcsClient(Client):
             with self._lock:
                 self.requests += 1
             more = {**headers, "Range": range_} if range_ else headers
+            started = time.monotonic()
             with http_open(target, "GET", more, self._timeout, url, version) as r:
+                self._check_answer(r, url, version)
                 if answer is not None:
                     answer["total"] = range_total(r.headers.get("Content-Range"))
-                return read_response(r, out, expected, url, check)
+                return read_response(r, out, expected, url, check, started, self._timeout)
 
         return self._call("GET", url, fn)
 
@@ -137,8 +174,6 @@ class GcsClient(Client):
         return self._get(url, out, expected, check, version, None)
 
     def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
-        import io  # noqa: PLC0415
-
         buf, answer = io.BytesIO(), {}
         self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}", answer)
         return buf.getbuffer(), answer["total"]

@@ -390,8 +390,9 @@ def _data_folder(args: argparse.Namespace, stack: ExitStack) -> Path:
     if args.data_dir is None:
         # Removed on exit, also after Ctrl-C or an error.
         return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fastload-demo-")))
-    args.data_dir.mkdir(parents=True, exist_ok=True)
-    return args.data_dir
+    folder = args.data_dir.expanduser()  # "--data-dir=~/x" reaches us unexpanded: not a folder named "~" here
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _run(args: argparse.Namespace, stack: ExitStack) -> int:
