@@ -223,7 +223,7 @@ def test_a_shard_swapped_after_the_epoch_began_is_named_where_it_is_mapped(tmp_p
         copy = tmp_path / "copy.npy"
         copy.write_bytes(target.read_bytes())  # the same bytes, another file
         swap_in(target, copy)
-        with pytest.raises(ValueError, match=rf"batch \d+ of epoch 0: .*{which}: the file was replaced by another "
+        with pytest.raises(ValueError, match=rf"batch \d+ of epoch 0 .*{which}: the file was replaced by another "
                                              r"file \(a new inode\) since it was opened"):
             for _ in it:
                 pass

@@ -42,7 +42,9 @@ def test_counts_match_what_the_loop_saw():
     assert s.host_allocations == mem["host_allocations"] > 0
     # The documented bound: (prefetch + 2) batches of host memory, one buffer per part (x, y, index).
     assert 0 < s.host_bytes <= (4 + 2) * 64 * (3 * 4 + 8 + 8)
-    assert s.host_allocations % 3 == 0
+    # At least one buffer per part; how many more depends on timing (each part's pool trims and
+    # refills on its own), so the count need not be a multiple of 3.
+    assert s.host_allocations >= 3
     assert s.collation.busy_s <= s.wall_s * mem["num_threads"]
     assert "handed out" in str(s) and "16 batches" in str(s)
 
