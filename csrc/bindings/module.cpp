@@ -22,4 +22,5 @@ PYBIND11_MODULE(_C, m) {
   fastload::register_testing(m);
   fastload::register_file_mapping(m);
   fastload::register_hooks(m);
+  fastload::register_pack(m);
 }
