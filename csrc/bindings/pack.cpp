@@ -175,6 +175,21 @@ void register_pack(py::module_& m) {
   }, py::arg("inner"), py::arg("columns"), py::arg("length"), py::arg("pads"), py::arg("window"), py::arg("split"),
      py::arg("max_segments"), py::arg("with_documents"), py::arg("threads"), py::arg("owners"));
 
+  m.def("pack_array_columns", [](const SourceHandle& h) {
+    // (name, ragged) of an array source's columns: which ones fl.Pack can pack.
+    auto arrays = std::dynamic_pointer_cast<ArraySource>(h.source);
+    if (!arrays) throw py::type_error("not an array source");
+    std::vector<std::pair<std::string, bool>> out;
+    for (const ArrayColumn& c : arrays->columns()) out.emplace_back(c.name, c.ragged);
+    return out;
+  }, py::arg("source"));
+
+  m.def("pack_with_documents", [](const SourceHandle& h) {
+    // The same packer with the "documents" part (a loader's with_index=True), sharing its reader.
+    auto p = pack_of(h);
+    return SourceHandle{std::make_shared<PackSource>(*p, true), h.keepalive};
+  }, py::arg("source"));
+
   m.def("pack_scan", [](const SourceHandle& h) {
     auto p = pack_of(h);
     const PackScan& s = p->scan();
@@ -188,7 +203,8 @@ void register_pack(py::module_& m) {
     return d;
   }, py::arg("source"), "what a packed source found in its documents when it was made");
 
-  m.def("pack_default_window", &PackSource::default_window, py::arg("documents"), py::arg("tokens"), py::arg("length"));
+  m.def("pack_default_window", &PackSource::default_window, py::arg("documents"), py::arg("nonempty"), py::arg("tokens"),
+        py::arg("length"));
 
   py::class_<BatchPlan, std::shared_ptr<BatchPlan>>(m, "BatchPlan", "One output's batches (a plan the engine runs).")
       .def("num_batches", &BatchPlan::num_batches)

@@ -44,9 +44,9 @@ struct FillScratch {
 
 }  // namespace
 
-int64_t PackSource::default_window(int64_t documents, int64_t tokens, int64_t length) {
+int64_t PackSource::default_window(int64_t documents, int64_t nonempty, int64_t tokens, int64_t length) {
   constexpr int64_t kRows = 64, kLeast = 1024, kMost = 65536;
-  const double mean = documents > 0 ? static_cast<double>(tokens) / static_cast<double>(documents) : 1.0;
+  const double mean = nonempty > 0 ? static_cast<double>(tokens) / static_cast<double>(nonempty) : 1.0;
   const double want = static_cast<double>(kRows) * static_cast<double>(length) / std::max(mean, 1.0);
   const int64_t window = std::clamp<int64_t>(static_cast<int64_t>(want) + 1, kLeast, kMost);
   return std::max<int64_t>(1, std::min(window, documents));
@@ -59,7 +59,6 @@ PackSource::PackSource(std::shared_ptr<const DocumentReader> docs, PackOptions o
   if (window_ < 0) throw std::invalid_argument("window must be positive, got " + std::to_string(window_));
   const std::vector<PackColumn>& cols = docs_->columns();
   if (pads.size() != cols.size()) throw std::invalid_argument("a pad value per packed column is needed");
-  const int64_t length = options_.length;
   for (size_t c = 0; c < cols.size(); ++c) {
     const PackColumn& col = cols[c];
     const int64_t element = std::max<int64_t>(1, col.dtype.bits / 8);
@@ -75,6 +74,23 @@ PackSource::PackSource(std::shared_ptr<const DocumentReader> docs, PackOptions o
     for (const char* ours : {kSegmentIdsName, kPositionIdsName, kCuSeqlensName, kDocumentsName})
       if (col.name == ours)
         throw std::invalid_argument("column '" + col.name + "' has a name fl.Pack gives its own part; rename it");
+  }
+  make_schema();
+  scan_documents(threads);
+  if (window_ == 0) window_ = default_window(scan_.documents, scan_.documents - scan_.empty, scan_.tokens, options_.length);
+  scan_.window = window_;
+}
+
+PackSource::PackSource(const PackSource& base, bool with_documents)
+    : docs_(base.docs_), options_(base.options_), window_(base.window_), item_pads_(base.item_pads_),
+      with_documents_(with_documents), scan_(base.scan_) {
+  make_schema();
+}
+
+void PackSource::make_schema() {
+  const int64_t length = options_.length;
+  schema_.clear();
+  for (const PackColumn& col : docs_->columns()) {
     std::vector<int64_t> shape{length};
     shape.insert(shape.end(), col.item_shape.begin(), col.item_shape.end());
     schema_.push_back({col.name, col.dtype, shape, static_cast<size_t>(length * col.item_bytes)});
@@ -85,9 +101,6 @@ PackSource::PackSource(std::shared_ptr<const DocumentReader> docs, PackOptions o
   schema_.push_back({kPositionIdsName, kInt64, {length}, static_cast<size_t>(length) * 8});
   schema_.push_back({kCuSeqlensName, kInt32Type, {cu_per_row_}, static_cast<size_t>(cu_per_row_) * 4});
   if (with_documents_) schema_.push_back({kDocumentsName, kInt64, {bound}, static_cast<size_t>(bound) * 8});
-  scan_documents(threads);
-  if (window_ == 0) window_ = default_window(scan_.documents - scan_.empty, scan_.tokens, length);
-  scan_.window = window_;
 }
 
 void PackSource::scan_documents(int threads) {

@@ -55,6 +55,9 @@ class PackSource final : public BatchSource {
   PackSource(std::shared_ptr<const DocumentReader> docs, PackOptions options, int64_t window,
              std::vector<std::vector<std::byte>> pads, bool with_documents, int threads);
 
+  // `base`'s packer (its reader, options, window and scan) with or without the documents part.
+  PackSource(const PackSource& base, bool with_documents);
+
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return docs_->size(); }  // documents
   void fill(const FillRequest& request) override;
@@ -67,10 +70,10 @@ class PackSource final : public BatchSource {
   const DocumentReader& documents() const { return *docs_; }
   int64_t cu_seqlens_per_row() const { return cu_per_row_; }
 
-  // The default window: enough documents for 64 rows' worth of tokens on average (best-fit
-  // decreasing over ~64 rows leaves under 1% padding on lognormal lengths; see docs/packing.md),
-  // and at least 1024.
-  static int64_t default_window(int64_t documents, int64_t tokens, int64_t length);
+  // The default window: enough documents for 64 rows' worth of tokens on average (`tokens` over
+  // `nonempty` documents; best-fit decreasing over ~64 rows leaves under 1% padding on lognormal
+  // lengths, docs/packing.md), at least 1024 and at most 65536, and at most all `documents`.
+  static int64_t default_window(int64_t documents, int64_t nonempty, int64_t tokens, int64_t length);
 
  private:
   struct CachedWindow {
@@ -88,6 +91,7 @@ class PackSource final : public BatchSource {
   std::shared_ptr<const PackedWindow> window_rows(const std::shared_ptr<const EpochPacking>& packing,
                                                   int64_t window) const;
   void scan_documents(int threads);
+  void make_schema();
 
   std::shared_ptr<const DocumentReader> docs_;
   PackOptions options_;
