@@ -105,7 +105,7 @@ class PackEpochSchedule(EpochSchedule):
             _check_packing(state, self.source)
             # Positions count packed rows, which split="split" can make more than documents.
             position = _state_int(state, "position", 0, 2**62, "2**62")
-            super().load_state_dict({**state, "position": 0})
+            super().load_state_dict({**{k: v for k, v in state.items() if k != "packing"}, "position": 0})
             self.pending = (self.pending[0], position)
             return
         super().load_state_dict(state)  # its own errors for what is not a state
