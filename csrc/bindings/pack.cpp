@@ -107,7 +107,7 @@ PackSampler make_sampler(const SourceHandle& pack, int64_t batch_size, int64_t w
   s.geometry = SamplerConfig(1, batch_size, world_size, rank, seed, false, Order::Random, parse_even(even), drop_last,
                              block_size);
   s.geometry.validate();
-  if (batch_size > (int64_t{1} << 31) / s.source->options().length)
+  if (batch_size > ((int64_t{1} << 31) - 1) / s.source->options().length)
     throw std::invalid_argument("batch_size x length must be below 2**31 (cu_seqlens is int32, FlashAttention's "
                                 "type), got " + std::to_string(batch_size) + " x " +
                                 std::to_string(s.source->options().length));
