@@ -15,6 +15,7 @@
 #     test_lazy_mappings  lazy_mappings.h (files mapped on demand)
 #     test_stream       step-based sampling (mixture schedule, stream plans, mixed sources)
 #     test_arrow        arrow_source.h (arrays built by hand; the row-group cache from threads)
+#     test_packing      packing_plan.h, pack_epoch.h, pack_plan.h, pack_source.h (fl.Pack)
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
 #                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
 #                  under the same sanitizer (a TSan-instrumented .so for the TSan build) and
@@ -45,7 +46,7 @@ core_sources=("$repo"/csrc/core/*.cpp)
 cuda_sources=("$repo"/csrc/cuda/*.cpp)
 # Each binary is tests/cpp/<name>.cpp linked with the core; cuda_binaries also with the CUDA layer.
 core_binaries=(test_sampler test_gather test_thread_pool test_buffer_pool test_engine test_pipeline test_fork_guard
-               test_lazy_mappings test_stream test_arrow)
+               test_lazy_mappings test_stream test_arrow test_packing)
 cuda_binaries=(test_transfer)
 binaries=("${core_binaries[@]}" "${cuda_binaries[@]}")
 
