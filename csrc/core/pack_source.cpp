@@ -184,26 +184,43 @@ std::shared_ptr<const EpochPacking> PackSource::epoch(const SamplerConfig& order
 
 std::shared_ptr<const PackedWindow> PackSource::window_rows(const std::shared_ptr<const EpochPacking>& packing,
                                                             int64_t window) const {
+  std::promise<std::shared_ptr<const PackedWindow>> mine;
+  std::shared_future<std::shared_ptr<const PackedWindow>> theirs;
   {
     std::lock_guard<std::mutex> lock(windows_mu_);
     for (CachedWindow& w : windows_)
       if (w.window == window && w.packing == packing) {
         w.used = ++windows_clock_;
-        return w.rows;
+        theirs = w.rows;
+        break;
       }
+    if (!theirs.valid()) {
+      CachedWindow entry{packing, window, mine.get_future().share(), ++windows_clock_};
+      if (windows_.size() >= kCachedWindows) {
+        auto oldest = std::min_element(windows_.begin(), windows_.end(),
+                                       [](const CachedWindow& a, const CachedWindow& b) { return a.used < b.used; });
+        *oldest = std::move(entry);
+      } else {
+        windows_.push_back(std::move(entry));
+      }
+    }
   }
+  if (theirs.valid()) return theirs.get();  // laid out, or being laid out by another thread
   thread_local PackScratch scratch;
-  auto rows = std::make_shared<PackedWindow>();
-  packing->pack(window, scratch, *rows);
-  std::lock_guard<std::mutex> lock(windows_mu_);
-  if (windows_.size() >= kCachedWindows) {
-    auto oldest = std::min_element(windows_.begin(), windows_.end(),
-                                   [](const CachedWindow& a, const CachedWindow& b) { return a.used < b.used; });
-    *oldest = {packing, window, rows, ++windows_clock_};
-  } else {
-    windows_.push_back({packing, window, rows, ++windows_clock_});
+  try {
+    auto rows = std::make_shared<PackedWindow>();
+    packing->pack(window, scratch, *rows);
+    mine.set_value(rows);
+    return rows;
+  } catch (...) {
+    // The waiters get the error too; the entry goes, so that a later batch tries again.
+    mine.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(windows_mu_);
+    windows_.erase(std::remove_if(windows_.begin(), windows_.end(),
+                                  [&](const CachedWindow& w) { return w.window == window && w.packing == packing; }),
+                   windows_.end());
+    throw;
   }
-  return rows;
 }
 
 void PackSource::fill(const FillRequest& r) {

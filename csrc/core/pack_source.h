@@ -15,6 +15,7 @@
 // segment, which the bindings hand out as a 1-D cu_seqlens and a Python int max_seqlen.
 #pragma once
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,7 +80,9 @@ class PackSource final : public BatchSource {
   struct CachedWindow {
     std::shared_ptr<const EpochPacking> packing;
     int64_t window = -1;
-    std::shared_ptr<const PackedWindow> rows;
+    // Laid out by the first thread that asked; the others wait for it rather than lay it out too
+    // (consecutive batches read the same window, one per collation thread).
+    std::shared_future<std::shared_ptr<const PackedWindow>> rows;
     uint64_t used = 0;
   };
   struct CachedEpoch {
