@@ -94,6 +94,7 @@ struct PackSampler {
   }
   std::shared_ptr<PackEpochPlan> plan(int64_t epoch, int64_t start) const {
     auto p = packing(epoch);
+    source->plan_ahead(order, epoch + 1, 1);  // the next epoch's plan while this one runs, on one thread
     return std::make_shared<PackEpochPlan>(std::move(p), geometry, start);
   }
 };

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/fork_guard.h"
 #include "core/pack_plan.h"
 
 namespace fastload {
@@ -45,7 +46,7 @@ struct FillScratch {
 }  // namespace
 
 int64_t PackSource::default_window(int64_t documents, int64_t nonempty, int64_t tokens, int64_t length) {
-  constexpr int64_t kRows = 64, kLeast = 1024, kMost = 65536;
+  constexpr int64_t kRows = 256, kLeast = 1024, kMost = 65536;
   const double mean = nonempty > 0 ? static_cast<double>(tokens) / static_cast<double>(nonempty) : 1.0;
   const double want = static_cast<double>(kRows) * static_cast<double>(length) / std::max(mean, 1.0);
   const int64_t window = std::clamp<int64_t>(static_cast<int64_t>(want) + 1, kLeast, kMost);
@@ -54,7 +55,8 @@ int64_t PackSource::default_window(int64_t documents, int64_t nonempty, int64_t 
 
 PackSource::PackSource(std::shared_ptr<const DocumentReader> docs, PackOptions options, int64_t window,
                        std::vector<std::vector<std::byte>> pads, bool with_documents, int threads)
-    : docs_(std::move(docs)), options_(options), window_(window), with_documents_(with_documents) {
+    : docs_(std::move(docs)), options_(options), window_(window), with_documents_(with_documents),
+      fork_generation_(fork_generation()) {
   options_.validate();
   if (window_ < 0) throw std::invalid_argument("window must be positive, got " + std::to_string(window_));
   const std::vector<PackColumn>& cols = docs_->columns();
@@ -83,7 +85,7 @@ PackSource::PackSource(std::shared_ptr<const DocumentReader> docs, PackOptions o
 
 PackSource::PackSource(const PackSource& base, bool with_documents)
     : docs_(base.docs_), options_(base.options_), window_(base.window_), item_pads_(base.item_pads_),
-      with_documents_(with_documents), scan_(base.scan_) {
+      with_documents_(with_documents), scan_(base.scan_), fork_generation_(fork_generation()) {
   make_schema();
 }
 
@@ -166,20 +168,69 @@ void PackSource::scan_documents(int threads) {
 }
 
 std::shared_ptr<const EpochPacking> PackSource::epoch(const SamplerConfig& order, int64_t epoch, int threads) const {
-  std::lock_guard<std::mutex> lock(epochs_mu_);
-  for (CachedEpoch& e : epochs_)
-    if (e.epoch == epoch && same_order(e.order, order)) {
-      e.used = ++epochs_clock_;
-      return e.packing;
+  std::promise<std::shared_ptr<const EpochPacking>> mine;
+  std::shared_future<std::shared_ptr<const EpochPacking>> theirs;
+  {
+    std::lock_guard<std::mutex> lock(epochs_mu_);
+    for (CachedEpoch& e : epochs_)
+      if (e.epoch == epoch && same_order(e.order, order)) {
+        e.used = ++epochs_clock_;
+        theirs = e.packing;
+        break;
+      }
+    if (!theirs.valid()) {
+      CachedEpoch entry{order, epoch, mine.get_future().share(), ++epochs_clock_};
+      if (epochs_.size() >= kCachedEpochs) {
+        auto oldest = std::min_element(epochs_.begin(), epochs_.end(),
+                                       [](const CachedEpoch& a, const CachedEpoch& b) { return a.used < b.used; });
+        *oldest = std::move(entry);
+      } else {
+        epochs_.push_back(std::move(entry));
+      }
     }
-  auto packing = std::make_shared<const EpochPacking>(docs_, options_, window_, order, epoch, threads);
-  if (epochs_.size() >= kCachedEpochs) {
-    auto oldest = std::min_element(epochs_.begin(), epochs_.end(),
-                                   [](const CachedEpoch& a, const CachedEpoch& b) { return a.used < b.used; });
-    epochs_.erase(oldest);
   }
-  epochs_.push_back({order, epoch, packing, ++epochs_clock_});
-  return packing;
+  if (theirs.valid()) return theirs.get();
+  try {
+    auto packing = std::make_shared<const EpochPacking>(docs_, options_, window_, order, epoch, threads);
+    mine.set_value(packing);
+    return packing;
+  } catch (...) {
+    mine.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(epochs_mu_);
+    epochs_.erase(std::remove_if(epochs_.begin(), epochs_.end(),
+                                 [&](const CachedEpoch& e) { return e.epoch == epoch && same_order(e.order, order); }),
+                  epochs_.end());
+    throw;
+  }
+}
+
+void PackSource::plan_ahead(const SamplerConfig& order, int64_t epoch, int threads) const {
+  {
+    std::lock_guard<std::mutex> lock(epochs_mu_);
+    for (const CachedEpoch& e : epochs_)
+      if (e.epoch == epoch && same_order(e.order, order)) return;
+  }
+  std::lock_guard<std::mutex> lock(ahead_mu_);
+  if (ahead_busy_.load()) return;
+  if (ahead_.joinable()) ahead_.join();  // the last one, finished
+  ahead_busy_ = true;
+  ahead_ = std::thread([this, order, epoch, threads] {
+    try {
+      (void)this->epoch(order, epoch, threads);
+    } catch (...) {  // epoch() raises it again when the loader asks for this epoch
+    }
+    ahead_busy_ = false;
+  });
+}
+
+PackSource::~PackSource() {
+  std::lock_guard<std::mutex> lock(ahead_mu_);
+  if (!ahead_.joinable()) return;
+  if (fork_generation() != fork_generation_) {
+    ahead_.detach();  // the parent's thread: nothing of it runs in this forked child
+    return;
+  }
+  ahead_.join();
 }
 
 std::shared_ptr<const PackedWindow> PackSource::window_rows(const std::shared_ptr<const EpochPacking>& packing,

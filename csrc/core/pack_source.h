@@ -14,11 +14,13 @@
 // A batch's extras (PackedBatchInfo) say how many cu_seqlens entries it has and its longest
 // segment, which the bindings hand out as a 1-D cu_seqlens and a Python int max_seqlen.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/batch_source.h"
@@ -63,17 +65,25 @@ class PackSource final : public BatchSource {
   int64_t size() const override { return docs_->size(); }  // documents
   void fill(const FillRequest& request) override;
 
+  ~PackSource() override;
+
   // Epoch `epoch`'s packing with the documents ordered by `order` (the loader's sampler
-  // settings, num_samples = documents): planned on `threads` threads, or the cached one.
+  // settings, num_samples = documents): planned on `threads` threads, or the cached one (or the
+  // one being planned, waited for).
   std::shared_ptr<const EpochPacking> epoch(const SamplerConfig& order, int64_t epoch, int threads) const;
+  // Plans epoch `epoch` on a thread of its own unless it is cached, being planned, or another
+  // epoch is being planned ahead: a loader asks for the next epoch's plan while this one runs, so
+  // that the next epoch starts without the wait. Errors wait for the epoch() that asks again.
+  void plan_ahead(const SamplerConfig& order, int64_t epoch, int threads) const;
   const PackOptions& options() const { return options_; }
   const PackScan& scan() const { return scan_; }
   const DocumentReader& documents() const { return *docs_; }
   int64_t cu_seqlens_per_row() const { return cu_per_row_; }
 
-  // The default window: enough documents for 64 rows' worth of tokens on average (`tokens` over
-  // `nonempty` documents; best-fit decreasing over ~64 rows leaves under 1% padding on lognormal
-  // lengths, docs/packing.md), at least 1024 and at most 65536, and at most all `documents`.
+  // The default window: enough documents for 256 rows' worth of tokens on average (`tokens` over
+  // `nonempty` documents; best-fit decreasing over ~256 rows leaves about 0.25% padding on
+  // lognormal lengths, bench/bench_packing.py), at least 1024 and at most 65536, and at most all
+  // `documents`.
   static int64_t default_window(int64_t documents, int64_t nonempty, int64_t tokens, int64_t length);
 
  private:
@@ -88,7 +98,7 @@ class PackSource final : public BatchSource {
   struct CachedEpoch {
     SamplerConfig order;
     int64_t epoch = -1;
-    std::shared_ptr<const EpochPacking> packing;
+    std::shared_future<std::shared_ptr<const EpochPacking>> packing;  // planned, or being planned
     uint64_t used = 0;
   };
   std::shared_ptr<const PackedWindow> window_rows(const std::shared_ptr<const EpochPacking>& packing,
@@ -110,9 +120,13 @@ class PackSource final : public BatchSource {
   mutable std::mutex windows_mu_;
   mutable std::vector<CachedWindow> windows_;
   mutable uint64_t windows_clock_ = 0;
-  mutable std::mutex epochs_mu_;  // held while an epoch is planned: a second asker waits for it
+  mutable std::mutex epochs_mu_;
   mutable std::vector<CachedEpoch> epochs_;
   mutable uint64_t epochs_clock_ = 0;
+  mutable std::mutex ahead_mu_;
+  mutable std::thread ahead_;               // the epoch planned ahead (one at a time)
+  mutable std::atomic<bool> ahead_busy_{false};
+  uint64_t fork_generation_ = 0;
 };
 
 }  // namespace fastload

@@ -135,16 +135,14 @@ void pack_window(const int64_t* docs, const int64_t* lengths, int64_t n, const P
   const size_t m = s.items.size();
   // 2. Best fit, longest first. Whole rows (count -1 above) come first in the sort and open a row
   //    each, closed at once; they are given their count back here.
+  // One 64-bit key per item: the room it leaves unused (length - count; a whole row of a split
+  // document sorts first), then its index (window order): a plain integer sort, no indirection.
   s.order.resize(m);
-  for (size_t i = 0; i < m; ++i) s.order[i] = static_cast<int32_t>(i);
-  std::sort(s.order.begin(), s.order.end(), [&](int32_t a, int32_t b) {
-    const PackScratch::Item& x = s.items[static_cast<size_t>(a)];
-    const PackScratch::Item& y = s.items[static_cast<size_t>(b)];
-    const int64_t cx = x.count < 0 ? length + 1 : x.count, cy = y.count < 0 ? length + 1 : y.count;
-    if (cx != cy) return cx > cy;
-    if (x.pos != y.pos) return x.pos < y.pos;
-    return x.start < y.start;
-  });
+  for (size_t i = 0; i < m; ++i) {
+    const int64_t count = s.items[i].count < 0 ? length + 1 : s.items[i].count;
+    s.order[i] = (static_cast<uint64_t>(length + 1 - count) << 32) | static_cast<uint64_t>(i);
+  }
+  std::sort(s.order.begin(), s.order.end());
   s.row_of.assign(m, -1);
   s.room.clear();
   s.pieces.clear();
@@ -152,10 +150,11 @@ void pack_window(const int64_t* docs, const int64_t* lengths, int64_t n, const P
   RoomIndex index(s, length);
   int32_t rows = 0;
   for (size_t k = 0; k < m; ++k) {
-    PackScratch::Item& item = s.items[static_cast<size_t>(s.order[k])];
+    const size_t at = static_cast<size_t>(s.order[k] & 0xffffffffu);
+    PackScratch::Item& item = s.items[at];
     if (item.count < 0) {  // a whole row of a split document
       item.count = length;
-      s.row_of[static_cast<size_t>(s.order[k])] = rows++;
+      s.row_of[at] = rows++;
       s.room.push_back(0);
       s.pieces.push_back(1);
       s.next.push_back(-1);
@@ -169,16 +168,16 @@ void pack_window(const int64_t* docs, const int64_t* lengths, int64_t n, const P
       s.next.push_back(-1);
     }
     const size_t r = static_cast<size_t>(row);
-    s.row_of[static_cast<size_t>(s.order[k])] = row;
+    s.row_of[at] = row;
     s.room[r] -= item.count;
     ++s.pieces[r];
     if (s.room[r] > 0 && s.pieces[r] < bound) index.push(row, s.room[r]);
   }
   // Rows still waiting for pieces are still in their rooms' stacks: empty those for the next window.
-  std::vector<int32_t> waiting;
+  s.waiting.clear();
   for (int32_t r = 0; r < rows; ++r)
-    if (s.room[static_cast<size_t>(r)] > 0 && s.pieces[static_cast<size_t>(r)] < bound) waiting.push_back(r);
-  index.reset(s.room, waiting);
+    if (s.room[static_cast<size_t>(r)] > 0 && s.pieces[static_cast<size_t>(r)] < bound) s.waiting.push_back(r);
+  index.reset(s.room, s.waiting);
   out.rows = rows;
   for (const PackScratch::Item& item : s.items) out.longest = std::max(out.longest, item.count);
   if (count_only) return;

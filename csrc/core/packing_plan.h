@@ -64,7 +64,8 @@ class PackScratch {
   std::vector<int32_t> next;    // per row: the next row of its room's stack
   std::vector<int32_t> head;    // per room (0..length): the last row to reach it, or -1
   std::vector<uint64_t> bits, summary;  // rooms with a row: a two-level bitset over head
-  std::vector<int32_t> order;   // scratch for sorting
+  std::vector<uint64_t> order;  // sort keys: (room left unused, item index)
+  std::vector<int32_t> waiting; // rows still open after the window
   std::vector<std::pair<int64_t, int32_t>> keys;
 };
 

@@ -6,6 +6,7 @@
 // Built and run under ThreadSanitizer and AddressSanitizer + UBSan by tests/cpp/run_sanitizers.sh.
 #include <map>
 #include <random>
+#include <thread>
 
 #include "core/engine.h"
 #include "core/pack_plan.h"
@@ -259,6 +260,26 @@ TEST_CASE(stream_of_packed_rows_crosses_epochs) {
       CHECK(ref.packing->epoch() == (position < rows0 ? 0 : 1));
       CHECK(ref.row == (position < rows0 ? position : position - rows0));
     }
+  }
+}
+
+TEST_CASE(an_epoch_planned_ahead_is_planned_once_and_shared) {
+  std::mt19937_64 rng(6);
+  const Docs docs(random_lengths(rng, 40000, 50));
+  auto reader = std::make_shared<RaggedDocuments>(std::vector<ArrayColumn>{docs.column("ids")});
+  for (int trial = 0; trial < 3; ++trial) {
+    auto source = std::make_shared<PackSource>(reader, options(64), 0, std::vector<std::vector<std::byte>>{{std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}}}, false, 1);
+    const SamplerConfig order = order_of(40000, 11);
+    source->plan_ahead(order, 1, 1);
+    source->plan_ahead(order, 1, 1);  // already being planned: nothing more
+    std::vector<std::shared_ptr<const EpochPacking>> got(4);
+    std::vector<std::thread> askers;
+    for (size_t k = 0; k < got.size(); ++k) askers.emplace_back([&, k] { got[k] = source->epoch(order, 1, 2); });
+    for (std::thread& t : askers) t.join();
+    for (const auto& g : got) CHECK(g.get() == got[0].get());  // one plan, whoever made it
+    const EpochPacking fresh(reader, options(64), source->scan().window, order, 1, 1);
+    CHECK(got[0]->rows() == fresh.rows());
+    source->plan_ahead(order, 2, 1);  // and one still running when the source goes: joined
   }
 }
 

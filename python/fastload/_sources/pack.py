@@ -103,9 +103,9 @@ class Pack:
             ones to pack.
         pad: the pad value of every column, or ``{column: value}`` (others pad with 0), e.g.
             ``{"input_ids": 0, "labels": -100}``.
-        window: documents of the epoch's order packed together. Default: enough documents for 64
+        window: documents of the epoch's order packed together. Default: enough documents for 256
             rows on average (mean tokens per document from the data), at least 1024 and at most
-            65536: under 1% padding on lognormal lengths (docs/packing.md).
+            65536: about 0.25% padding on lognormal lengths (docs/packing.md).
         split: a document longer than ``length``: "truncate" (keep its first ``length`` tokens),
             "split" (pieces of ``length`` tokens, each a row of its own, and the rest packed as any
             document; each piece is its own segment) or "error".
