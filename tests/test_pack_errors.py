@@ -126,3 +126,29 @@ def test_with_index_documents_part(source):
     assert b["documents"].shape == (4, 3) and b["documents"].dtype == torch.int64
     assert b["index"].tolist() == [0, 1, 2, 3]
     assert "documents" not in next(iter(fl.Loader(pack, 4)))
+
+
+def test_plans_outlive_the_python_objects_they_read():
+    """The next epoch is planned ahead on a thread of its own, and a native sampler may outlive the
+    Pack: both read the documents' offsets, which the native reader keeps alive (a regression: the
+    Python arrays went first, and the thread planning ahead read freed memory)."""
+    import gc
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 50, 300_000)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    pack = fl.Pack(fl.Dataset({"input_ids": fl.Ragged(np.zeros(int(offsets[-1]), np.int32), offsets)}), 64)
+    loader = fl.Loader(pack, 4, shuffle=True)
+    sampler = loader._schedule.samplers(1)[0]
+    next(iter(loader))  # epoch 1 is being planned ahead now
+    rows = sampler.rows(0)
+    del pack, loader, offsets, lengths
+    gc.collect()
+    assert sampler.rows(0) == rows and sampler.rows(7) > 0  # plans a new epoch from the kept offsets
+    for _ in range(3):  # a source dropped while it plans ahead: the thread stops, nothing is read after
+        p = fl.Pack(fl.Dataset({"input_ids": fl.Ragged(np.zeros(3_000_000, np.int32),
+                                                       np.r_[0, np.cumsum(np.full(300_000, 10))])}), 64)
+        loader = fl.Loader(p, 4, shuffle=True)
+        next(iter(loader))
+        del p, loader
+        gc.collect()

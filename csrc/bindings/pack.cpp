@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/python_ref.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
 #include "bindings/without_gil.h"
@@ -37,7 +38,7 @@ bool is_packed_source(const BatchSource& source) { return dynamic_cast<const Pac
 namespace {
 
 // The reader of the inner source's list columns `names`.
-std::shared_ptr<const DocumentReader> reader_of(const std::shared_ptr<BatchSource>& inner,
+std::shared_ptr<DocumentReader> reader_of(const std::shared_ptr<BatchSource>& inner,
                                                 const std::vector<std::string>& names, int threads) {
   if (auto arrays = std::dynamic_pointer_cast<ArraySource>(inner)) {
     std::vector<ArrayColumn> picked;
@@ -167,12 +168,17 @@ void register_pack(py::module_& m) {
                              reinterpret_cast<const std::byte*>(s.data()) + s.size());
     }
     std::shared_ptr<BatchSource> inner_source = inner.source;
+    py::tuple keep = py::make_tuple(inner.keepalive, std::move(owners));
+    // The reader holds what its memory belongs to (released with the GIL taken): plans and a
+    // thread planning ahead may hold the reader after the Python handle is gone.
+    std::shared_ptr<const void> owner = std::make_shared<PyRef>(PyRef::borrow(keep.ptr()));
     auto source = without_gil([&] {
-      auto reader = reader_of(inner_source, columns, threads);
+      std::shared_ptr<DocumentReader> reader = reader_of(inner_source, columns, threads);
+      reader->keep_alive(std::move(owner));
       return std::make_shared<PackSource>(std::move(reader), options, window, std::move(pad_bytes), with_documents,
                                           threads);
     });
-    return SourceHandle{std::move(source), py::make_tuple(inner.keepalive, std::move(owners))};
+    return SourceHandle{std::move(source), std::move(keep)};
   }, py::arg("inner"), py::arg("columns"), py::arg("length"), py::arg("pads"), py::arg("window"), py::arg("split"),
      py::arg("max_segments"), py::arg("with_documents"), py::arg("threads"), py::arg("owners"));
 

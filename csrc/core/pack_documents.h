@@ -54,10 +54,17 @@ class DocumentReader {
   // Whether lengths() is cheap enough to check every column of every document when the packer is
   // made (false: the lengths are checked as the pieces are copied).
   virtual bool checks_ahead() const { return true; }
+  // What keeps the memory the reader reads alive (the bindings: the Python arrays and tables),
+  // held for as long as the reader is: whoever holds the reader (a packer, an epoch's plan, a
+  // thread planning ahead) may read. Set once, before the reader is shared.
+  void keep_alive(std::shared_ptr<const void> owner) { owner_ = std::move(owner); }
 
  protected:
   int64_t size_ = 0;
   std::vector<PackColumn> columns_;
+
+ private:
+  std::shared_ptr<const void> owner_;
 };
 
 // The ragged columns of an array source (their shard tables as the source has them).

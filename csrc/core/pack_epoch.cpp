@@ -12,7 +12,7 @@
 namespace fastload {
 
 EpochPacking::EpochPacking(std::shared_ptr<const DocumentReader> docs, const PackOptions& options, int64_t window,
-                           const SamplerConfig& order, int64_t epoch, int threads)
+                           const SamplerConfig& order, int64_t epoch, int threads, const std::atomic<bool>* cancel)
     : docs_(std::move(docs)), options_(options), window_(window), epoch_(epoch), ordering_(order, epoch) {
   const auto began = std::chrono::steady_clock::now();
   options_.validate();
@@ -35,6 +35,7 @@ EpochPacking::EpochPacking(std::shared_ptr<const DocumentReader> docs, const Pac
       PackedWindow out;
       std::vector<int64_t> ids, lengths;
       for (int64_t first; (first = next.fetch_add(kRun)) < windows;) {
+        if (cancel && cancel->load(std::memory_order_relaxed)) throw PackCancelled();
         for (int64_t w = first; w < std::min(windows, first + kRun); ++w) {
           window_documents(w, ids, lengths);
           pack_window(ids.data(), lengths.data(), static_cast<int64_t>(ids.size()), options_, true, scratch, out);

@@ -6,8 +6,10 @@
 // out again, from the lengths, when a batch reads them. A pure function of (lengths, options,
 // window, the order's configuration, epoch): world size, rank and threads never change it.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,10 @@
 #include "core/sampler.h"
 
 namespace fastload {
+
+struct PackCancelled : std::runtime_error {
+  PackCancelled() : std::runtime_error("the epoch's packing was cancelled") {}
+};
 
 // What an epoch's packing holds (all ranks together, padding rows of even= not counted).
 struct PackTotals {
@@ -31,9 +37,10 @@ struct PackTotals {
 class EpochPacking {
  public:
   // `order`: the loader's sampler settings for the documents (num_samples = documents; the batch
-  // geometry is ignored). Throws std::invalid_argument as pack_window does.
+  // geometry is ignored). Throws std::invalid_argument as pack_window does, or PackCancelled once
+  // *cancel is set (a plan made ahead whose source goes away).
   EpochPacking(std::shared_ptr<const DocumentReader> docs, const PackOptions& options, int64_t window,
-               const SamplerConfig& order, int64_t epoch, int threads);
+               const SamplerConfig& order, int64_t epoch, int threads, const std::atomic<bool>* cancel = nullptr);
 
   int64_t epoch() const { return epoch_; }
   int64_t rows() const { return first_row_.back(); }

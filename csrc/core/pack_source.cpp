@@ -168,6 +168,11 @@ void PackSource::scan_documents(int threads) {
 }
 
 std::shared_ptr<const EpochPacking> PackSource::epoch(const SamplerConfig& order, int64_t epoch, int threads) const {
+  return plan_epoch(order, epoch, threads, nullptr);
+}
+
+std::shared_ptr<const EpochPacking> PackSource::plan_epoch(const SamplerConfig& order, int64_t epoch, int threads,
+                                                           const std::atomic<bool>* cancel) const {
   std::promise<std::shared_ptr<const EpochPacking>> mine;
   std::shared_future<std::shared_ptr<const EpochPacking>> theirs;
   {
@@ -191,7 +196,7 @@ std::shared_ptr<const EpochPacking> PackSource::epoch(const SamplerConfig& order
   }
   if (theirs.valid()) return theirs.get();
   try {
-    auto packing = std::make_shared<const EpochPacking>(docs_, options_, window_, order, epoch, threads);
+    auto packing = std::make_shared<const EpochPacking>(docs_, options_, window_, order, epoch, threads, cancel);
     mine.set_value(packing);
     return packing;
   } catch (...) {
@@ -216,7 +221,7 @@ void PackSource::plan_ahead(const SamplerConfig& order, int64_t epoch, int threa
   ahead_busy_ = true;
   ahead_ = std::thread([this, order, epoch, threads] {
     try {
-      (void)this->epoch(order, epoch, threads);
+      (void)plan_epoch(order, epoch, threads, &stopping_);
     } catch (...) {  // epoch() raises it again when the loader asks for this epoch
     }
     ahead_busy_ = false;
@@ -224,6 +229,7 @@ void PackSource::plan_ahead(const SamplerConfig& order, int64_t epoch, int threa
 }
 
 PackSource::~PackSource() {
+  stopping_ = true;  // a plan made ahead stops at its next run of windows
   std::lock_guard<std::mutex> lock(ahead_mu_);
   if (!ahead_.joinable()) return;
   if (fork_generation() != fork_generation_) {

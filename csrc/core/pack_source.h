@@ -103,6 +103,8 @@ class PackSource final : public BatchSource {
   };
   std::shared_ptr<const PackedWindow> window_rows(const std::shared_ptr<const EpochPacking>& packing,
                                                   int64_t window) const;
+  std::shared_ptr<const EpochPacking> plan_epoch(const SamplerConfig& order, int64_t epoch, int threads,
+                                                 const std::atomic<bool>* cancel) const;
   void scan_documents(int threads);
   void make_schema();
 
@@ -126,6 +128,7 @@ class PackSource final : public BatchSource {
   mutable std::mutex ahead_mu_;
   mutable std::thread ahead_;               // the epoch planned ahead (one at a time)
   mutable std::atomic<bool> ahead_busy_{false};
+  std::atomic<bool> stopping_{false};  // the source is going: a plan made ahead stops
   uint64_t fork_generation_ = 0;
 };
 
