@@ -20,6 +20,7 @@
 #include "bindings/gc_visible.h"
 #include "bindings/hooks.h"
 #include "bindings/image.h"
+#include "bindings/pack.h"
 #include "bindings/process_workers.h"
 #include "bindings/py_source.h"
 #include "bindings/register.h"
@@ -103,6 +104,7 @@ class PyEngine {
     runtime_ = std::make_unique<LoaderRuntime>(source.source, o);
     python_ = std::dynamic_pointer_cast<PythonSource>(source.source);
     string_lists_ = source.source->has_string_lists();
+    packed_rows_ = is_packed_source(*source.source);
     for (const std::string& name : runtime_->layout().names()) names_.emplace_back(name);
     threads_call_dataset_ = python_ && !o.host_memory;  // with worker processes, they wait on sockets
     set_stop_policy();
@@ -253,6 +255,8 @@ class PyEngine {
   const std::shared_ptr<PythonSource>& python_source() const { return python_; }
   // An Arrow source with string columns given as lists: its batches' extras are ArrowStringLists.
   bool string_lists() const { return string_lists_; }
+  // fl.Pack's rows: its batches' extras are PackedBatchInfo (cu_seqlens' length, max_seqlen).
+  bool packed_rows() const { return packed_rows_; }
   void set_timeout(double seconds) {
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
     set_stop_policy();
@@ -377,6 +381,7 @@ class PyEngine {
   py::object source_;  // the BatchSource; declared first: destroyed last, after the runtime joined its threads
   std::shared_ptr<PythonSource> python_;  // the source, when it is a Python dataset
   bool string_lists_ = false;
+  bool packed_rows_ = false;
   std::chrono::milliseconds timeout_{0};  // a call into the dataset longer than this fails next()
   bool threads_call_dataset_ = false;     // the collation threads call a Python dataset themselves
   std::unique_ptr<LoaderRuntime> runtime_;
@@ -473,6 +478,7 @@ class Iterator {
       py::dict d;
       for (size_t i = 0; i < names.size(); ++i) d[names[i]] = raw_ ? py::object(list[i]) : from_dlpack_(list[i]);
       if (engine.string_lists() && extras) add_string_lists(d, *static_cast<const ArrowStringLists*>(extras.get()));
+      if (engine.packed_rows() && extras && !raw_) finish_packed_batch(d, extras);
       batch = std::move(d);
     }
     // A mixture's per-source counts move with the hand-out (O(sources), no floor sums).
@@ -607,6 +613,13 @@ void register_loader(py::module_& m) {
            py::arg("fail_at_step"), py::arg("devices"))
       .def("start_stream", &PyEngine::start_stream, py::arg("samplers"), py::arg("first_step"), py::arg("end_step"),
            py::arg("epoch"), py::arg("fail_at_step"), py::arg("devices"))
+      // Plans made elsewhere (fl.Pack's, fastload._C.BatchPlan), one per output.
+      .def("start_plans",
+           [](PyEngine& e, const std::vector<std::shared_ptr<BatchPlan>>& plans, int64_t fail_at_step,
+              const std::vector<int>& devices) {
+             return e.start_plans({plans.begin(), plans.end()}, fail_at_step, devices);
+           },
+           py::arg("plans"), py::arg("fail_at_step"), py::arg("devices"))
       .def("close", &PyEngine::close)
       .def("memory", &PyEngine::memory)
       .def("stats", &PyEngine::stats, py::arg("epoch"))

@@ -23,4 +23,5 @@ PYBIND11_MODULE(_C, m) {
   fastload::register_file_mapping(m);
   fastload::register_hooks(m);
   fastload::register_image(m);
+  fastload::register_pack(m);
 }

@@ -26,6 +26,9 @@ class ArrowSource final : public BatchSource {
   int64_t size() const override { return size_; }
   void fill(const FillRequest& request) override;
   bool has_string_lists() const override { return !string_plans_.empty(); }
+  // For readers other than fill() (a packer reads list columns by token range).
+  const std::shared_ptr<const ArrowTable>& table() const { return table_; }
+  const std::shared_ptr<const ArrowTable>& indices() const { return indices_; }
 
  private:
   std::vector<const ArrowColumnPlan*> plans_, string_plans_;  // into columns_

@@ -632,3 +632,92 @@ void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, st
 }
 
 }  // namespace fastload
+
+namespace fastload {
+
+namespace {
+// Calls visit(i, values of row id_of(i), its items) for i < count, a block at a time: the rows
+// found and their offsets prefetched, then read (and checked), then visited. A lazily mapped
+// column pins each block's files (values and offsets) while it visits the block's rows.
+template <typename IdOf, typename Visit>
+void visit_ragged_rows(const ArrayColumn& col, IdOf id_of, int64_t count, Visit visit) {
+  constexpr int64_t kRaggedBlock = 64;
+  const int64_t item = col.item_bytes;
+  size_t shard[kRaggedBlock];
+  int64_t row[kRaggedBlock];
+  if (!col.lazy) {
+    for (int64_t b = 0; b < count; b += kRaggedBlock) {
+      const int64_t n = std::min(kRaggedBlock, count - b);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = id_of(b + i);
+        const size_t s = find_shard(col, id);
+        shard[i] = s;
+        row[i] = id - col.starts[s];
+        __builtin_prefetch(col.shards[s].offsets + row[i], 0, 0);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const Shard& sh = col.shards[shard[i]];
+        const int64_t first = sh.offsets[row[i]], end = sh.offsets[row[i] + 1];
+        if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
+        visit(b + i, sh.base + first * item, end - first);
+      }
+    }
+    return;
+  }
+  LazyFiles& files = *col.lazy;
+  PinnedFiles pins(files);
+  DistinctFiles table;
+  const int64_t* offsets[kRaggedBlock];
+  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock], reads[2 * kRaggedBlock];
+  const std::byte* data[2 * kRaggedBlock];
+  const std::byte* at[2 * kRaggedBlock];
+  for (int64_t b = 0; b < count; b += kRaggedBlock) {
+    const int64_t n = std::min(kRaggedBlock, count - b);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = id_of(b + i);
+      const size_t s = find_shard(col, id);
+      shard[i] = s;
+      row[i] = id - col.starts[s];
+      want[2 * i] = col.lazy_file[s];
+      want[2 * i + 1] = col.lazy_offsets_file[s];
+    }
+    for (int64_t r = 0; r < n;) {
+      const int64_t taken = pin_rows(pins, files, table, want + 2 * r, n - r, 2, distinct, reads, data, at);
+      for (int64_t i = r; i < r + taken; ++i) {
+        offsets[i] = reinterpret_cast<const int64_t*>(at[2 * (i - r) + 1]);
+        const int32_t f = want[2 * i + 1];
+        if (!files.checked(f)) {
+          check_lazy_offsets(col, shard[i], offsets[i], files.file(f));
+          files.set_checked(f);
+        }
+      }
+      for (int64_t i = r; i < r + taken; ++i) {
+        const Shard& sh = col.shards[shard[i]];
+        const int64_t first = offsets[i][row[i]], end = offsets[i][row[i] + 1];
+        if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
+        visit(b + i, at[2 * (i - r)] + first * item, end - first);
+      }
+      pins.release();
+      r += taken;
+    }
+  }
+}
+}  // namespace
+
+void ragged_row_lengths(const ArrayColumn& col, const int64_t* ids, int64_t count, int64_t* lengths) {
+  visit_ragged_rows(col, [ids](int64_t i) { return ids[i]; }, count,
+                    [lengths](int64_t i, const std::byte*, int64_t items) { lengths[i] = items; });
+}
+
+void gather_ragged_pieces(const ArrayColumn& col, const RaggedPiece* pieces, int64_t count,
+                          void (*mismatch)(const ArrayColumn& col, int64_t id, int64_t items, int64_t expect)) {
+  const int64_t item = col.item_bytes;
+  visit_ragged_rows(col, [pieces](int64_t i) { return pieces[i].id; }, count,
+                    [&](int64_t i, const std::byte* values, int64_t items) {
+                      const RaggedPiece& p = pieces[i];
+                      if (items != p.expect) mismatch(col, p.id, items, p.expect);
+                      if (p.count > 0) std::memcpy(p.dst, values + p.first * item, static_cast<size_t>(p.count * item));
+                    });
+}
+
+}  // namespace fastload

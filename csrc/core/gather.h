@@ -104,4 +104,21 @@ void gather_addresses(const std::byte* const* rows, int64_t row_bytes, int64_t c
 void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst,
                    int64_t* lengths);
 
+// Ragged rows read by item range (a packer reads pieces of rows; pack_documents.h).
+// lengths[i] = items of row ids[i]. Throws as gather_ragged does for corrupt offsets or a lazily
+// mapped shard that cannot be mapped.
+void ragged_row_lengths(const ArrayColumn& col, const int64_t* ids, int64_t count, int64_t* lengths);
+
+// Piece i: items [first, first + count) of row `id` to dst; the row must have `expect` items (else
+// `mismatch(col, id, items, expect)` is called, which must throw).
+struct RaggedPiece {
+  int64_t id = 0;
+  int64_t first = 0;
+  int64_t count = 0;
+  int64_t expect = 0;
+  std::byte* dst = nullptr;
+};
+void gather_ragged_pieces(const ArrayColumn& col, const RaggedPiece* pieces, int64_t count,
+                          void (*mismatch)(const ArrayColumn& col, int64_t id, int64_t items, int64_t expect));
+
 }  // namespace fastload

@@ -356,4 +356,10 @@ void RowGroupSource::fill(const FillRequest& r) {
   }
 }
 
+std::shared_ptr<const ArrowTable> RowGroupSource::decoded_table(int64_t group) {
+  std::vector<std::shared_ptr<const Decoded>> held;
+  acquire({group}, held);
+  return std::shared_ptr<const ArrowTable>(held[0], held[0]->table.get());  // shares the entry's life
+}
+
 }  // namespace fastload

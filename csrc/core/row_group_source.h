@@ -61,6 +61,14 @@ class RowGroupSource final : public BatchSource, public std::enable_shared_from_
   int64_t decoded_ahead() const { return decoded_ahead_.load(); }  // of which by the decode threads
   int64_t cached_bytes() const;
 
+  // For readers other than fill() (a packer reads documents by token range): group g's decoded
+  // table from the cache, decoded now if it is not there; the pointer keeps it alive. Throws as
+  // the decode does.
+  std::shared_ptr<const ArrowTable> decoded_table(int64_t group);
+  const std::vector<int64_t>& group_starts() const { return starts_; }  // group g: [starts[g], starts[g + 1])
+  const ArrowTable& schema_table() const { return *schema_table_; }
+  const std::string& group_name(int64_t group) const { return names_.at(static_cast<size_t>(group)); }
+
  private:
   struct Decoded {
     std::shared_ptr<ArrowTable> table;

@@ -9,11 +9,12 @@ from ._sources.python import PythonSource, SampleError, sample_rng
 from ._sources.ragged import Ragged
 from ._sources.writer import DatasetWriter, write_dataset
 from ._state import STATE_VERSION
-from ._stats import LoaderStats, SourceStats, StageStats
+from ._stats import LoaderStats, PackingStats, SourceStats, StageStats
 from ._sources.arrow import Arrow
 from ._sources.parquet import Parquet
 from ._sources.image_spec import Image, ImageError, image_backends
 from ._sources.image_folder import ImageFolder
+from ._sources.pack import Pack
 from ._sources import remote_parquet as _remote_parquet  # noqa: F401 - fl.Parquet(url) support registers itself
 from ._streams import record_stream
 from .tools.tune import TunePoint, TuneResult, tune
@@ -24,8 +25,8 @@ _C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_c
                    stall_warning=_advice.stall_warning)
 _C._register_image_error(ImageError)
 
-__all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
+__all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "Pack", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
            "Image", "ImageFolder", "ImageError", "image_backends",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",
-           "LoaderStats", "SourceStats", "StageStats", "STATE_VERSION",
+           "LoaderStats", "SourceStats", "StageStats", "PackingStats", "STATE_VERSION",
            "tune", "TuneResult", "TunePoint", "__version__"]

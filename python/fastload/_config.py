@@ -233,8 +233,11 @@ def resolve(args: Arguments, source: Any, *, rank: Any = None, world_size: Any =
     resolved_device = resolve_device(device)
     check_batch_limits(source, batch_size=args.batch_size, world_size=world_size)
     # A stream's steps are always full: a source that runs out starts its next epoch within the batch.
-    max_rows = args.batch_size if stepped else min(args.batch_size, len(source))
-    native = source.native_source()
+    # fl.Pack: an epoch's packed rows are not len(source) (its documents); and with_index adds its
+    # "documents" part to the native source.
+    packs = getattr(source, "packs_rows", False)
+    max_rows = args.batch_size if stepped or packs else min(args.batch_size, len(source))
+    native = source.native_source(with_documents=True) if packs and args.with_index else source.native_source()
     layout = _C.BatchLayout(native, max_rows, args.with_index, args.even == "mask", with_source)
     batch_bytes = layout.batch_bytes(max_rows)
     prefetch, origin = args.prefetch_given, ""

@@ -393,7 +393,8 @@ class Loader:
             else:
                 run = self._engine.stats(schedule.run)
             run["left_behind_threads"] = self._engine.left_behind()
-            return LoaderStats._from_native(run, memory, schedule.source_stats(run), self._storage.stats())
+            packing = schedule.packing_stats() if hasattr(schedule, "packing_stats") else None
+            return LoaderStats._from_native(run, memory, schedule.source_stats(run), self._storage.stats(), packing)
 
     def _memory(self) -> dict[str, int]:
         """Bytes and buffers the loader's pools have allocated and not freed (batches users still

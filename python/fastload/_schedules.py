@@ -566,7 +566,12 @@ class MixSchedule(StreamSchedule):
 
 
 def make_schedule(config: LoaderConfig, source: Any, lock: threading.RLock, mix: Any = None) -> Schedule:
-    """The mode of a Loader: steps= (over one source or a Mix), a Mix's epochs, or plain epochs."""
+    """The mode of a Loader: steps= (over one source or a Mix), a Mix's epochs, or plain epochs;
+    over fl.Pack's packed rows, its own schedules (_pack_schedule.py)."""
+    if getattr(source, "packs_rows", False):
+        from ._pack_schedule import make_pack_schedule  # noqa: PLC0415 - it builds on this module
+
+        return make_pack_schedule(config, source, lock)
     if not config.stepped:
         return EpochSchedule(config, source, lock)
     sources = mix.stream_sources() if mix is not None else StreamSources.single(source)

@@ -61,6 +61,9 @@ def check_state(state: Any, *, num_samples: int, shuffle: bool, order: str,
     """Validates a state for a loader over num_samples samples; returns it."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+    if "packing" in state:
+        raise ValueError("state was saved by a loader over fl.Pack's packed rows; this loader reads unpacked "
+                         "samples: the order would differ")
     if state.get("mode") == "stream":
         raise ValueError("state was saved by a step-based loader (steps= or a Mix); this loader runs epochs of one "
                          "source without steps=: the sample order would differ")

@@ -33,6 +33,27 @@ class SourceStats:
 
 
 @dataclass(frozen=True)
+class PackingStats:
+    """fl.Pack's packing of one epoch (all ranks; the empty rows even= adds are not counted): the
+    documents and how many were empty (skipped), the packed rows, the tokens they hold and those
+    cut by split="truncate", and efficiency = tokens / (rows x length), the share of the rows'
+    tokens that are not padding. planning_s: the wall time it took to plan the epoch (once per
+    epoch, on the loader's threads). For steps=, the epoch the next step is in."""
+
+    epoch: int = 0
+    documents: int = 0
+    empty_documents: int = 0
+    rows: int = 0
+    tokens: int = 0
+    truncated_tokens: int = 0
+    longest_segment: int = 0
+    efficiency: float = 0.0
+    planning_s: float = 0.0
+    length: int = 0
+    window: int = 0
+
+
+@dataclass(frozen=True)
 class LoaderStats:
     """Counters of the current epoch (since its iter()/split()), and the memory the loader holds.
 
@@ -64,6 +85,8 @@ class LoaderStats:
       bytes_per_s (from storage while downloads ran), prefetched, evictions; cached_bytes of
       limit now; dataset_bytes and fetched_per_dataset (bytes_fetched over the source's bytes:
       1.0 when an epoch fetched each byte once). None when every source is local.
+    - packing: for an fl.Pack source, the epoch's packing (PackingStats: rows, efficiency, ...);
+      None otherwise.
     """
 
     epoch: int
@@ -88,6 +111,7 @@ class LoaderStats:
     sources: dict[str, SourceStats] = field(default_factory=dict)
     left_behind_threads: int = 0
     storage: "StorageStats | None" = None
+    packing: PackingStats | None = None
 
     @property
     def streams(self) -> int:
@@ -105,7 +129,8 @@ class LoaderStats:
 
     @classmethod
     def _from_native(cls, run: dict[str, Any], memory: dict[str, int],
-                     sources: dict[str, SourceStats] | None = None, storage: Any = None) -> "LoaderStats":
+                     sources: dict[str, SourceStats] | None = None, storage: Any = None,
+                     packing: PackingStats | None = None) -> "LoaderStats":
         return cls(epoch=run["epoch"], batches=run["batches"], samples=run["samples"], bytes=run["bytes"],
                    wait_s=run["wait_s"], wall_s=run["wall_s"], ready_mean=run["ready_mean"],
                    collation=StageStats(**run["collation"]),
@@ -116,7 +141,7 @@ class LoaderStats:
                    host_bytes=memory["host_bytes"], host_allocations=memory["host_allocations"],
                    device_allocations=memory["device_allocations"], user_s=run.get("user_s", 0.0),
                    sources=dict(sources or {}), left_behind_threads=run.get("left_behind_threads", 0),
-                   storage=storage)
+                   storage=storage, packing=packing)
 
     def __str__(self) -> str:
         def ms(s: float) -> str:
@@ -152,6 +177,11 @@ class LoaderStats:
             rows.append(("storage cache", f"{st.hits:,} hits, {st.misses:,} misses; collation waited {st.wait_s:.3f} s "
                                           f"for fetches; {st.evictions:,} evictions; {st.cached_bytes / 1e6:,.1f} MB "
                                           f"cached of {st.limit / 1e6:,.1f} MB"))
+        pk = self.packing
+        if pk is not None:
+            rows.append(("packing", f"epoch {pk.epoch}: {pk.documents:,} documents in {pk.rows:,} rows of {pk.length:,} "
+                                    f"tokens, {100 * pk.efficiency:.2f}% tokens (not padding); planned in "
+                                    f"{pk.planning_s:.3f} s"))
         rows.append(("memory", f"pinned {self.pinned_bytes / 1e6:,.1f} MB, device {self.device_bytes / 1e6:,.1f} MB, "
                                f"host {self.host_bytes / 1e6:,.1f} MB"))
         rows.append(("allocations", f"host {self.host_allocations}, device {self.device_allocations}"))

@@ -18,6 +18,7 @@
 #   test_images    the decode stage (csrc/image/*.cpp) with libjpeg and libpng: images decoded on
 #                  the engine's threads, bad files, every prefix of a file, crops of every kind;
 #                  left out (and said so) where the libjpeg or libpng headers are missing
+#   test_packing   packing_plan.h, pack_epoch.h, pack_plan.h, pack_source.h (fl.Pack)
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
 #                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
 #                  under the same sanitizer (a TSan-instrumented .so for the TSan build) and
@@ -48,7 +49,7 @@ core_sources=("$repo"/csrc/core/*.cpp)
 cuda_sources=("$repo"/csrc/cuda/*.cpp)
 # Each binary is tests/cpp/<name>.cpp linked with the core; cuda_binaries also with the CUDA layer.
 core_binaries=(test_sampler test_gather test_thread_pool test_buffer_pool test_engine test_pipeline test_fork_guard
-               test_lazy_mappings test_stream test_arrow)
+               test_lazy_mappings test_stream test_arrow test_packing)
 cuda_binaries=(test_transfer)
 image_sources=("$repo"/csrc/image/*.cpp)
 image_binaries=(test_images)

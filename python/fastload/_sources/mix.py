@@ -119,6 +119,10 @@ class Mix:
                                 "in one Mix (weights multiply)")
             if isinstance(p, PythonSource):
                 raise TypeError(f"Mix source {name!r} is a fastload.PythonSource: pass the dataset itself")
+            if getattr(p, "packs_rows", False):
+                raise TypeError(f"Mix source {name!r} is an fl.Pack: a Mix of packed sources is not supported (each "
+                                "epoch's number of packed rows depends on its order of documents); pack one source, "
+                                "or concatenate the datasets before packing")
             if isinstance(p, Source):
                 kinds.append("native")
             else:
