@@ -12,9 +12,25 @@ def quick_start_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def test_every_python_block_of_the_readme_is_in_the_quick_start():
-    # the tests below run each quick-start block, so every snippet of the README is run
-    assert len(re.findall(r"```python\n", README.read_text())) == len(quick_start_blocks()) == 4
+def opening_block() -> str:
+    """The three lines of use before the first section."""
+    head = README.read_text().split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", head, re.S)
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def test_every_python_block_of_the_readme_is_run():
+    # the opening's block and each quick-start block are run below, so every snippet of the README is
+    assert len(re.findall(r"```python\n", README.read_text())) == 1 + len(quick_start_blocks()) == 5
+
+
+def test_the_opening_three_lines_run_as_written():
+    code = opening_block()
+    assert len(code.strip().splitlines()) == 3
+    scope: dict = {}
+    exec(compile(code, "README opening", "exec"), scope)
+    assert scope["shapes"] == [(100, 8)] * 10
 
 
 def test_quick_start_runs_as_written(capsys):
