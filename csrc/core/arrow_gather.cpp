@@ -18,16 +18,6 @@ namespace {
 
 inline bool bit(const void* bits, int64_t i) { return (static_cast<const uint8_t*>(bits)[i >> 3] >> (i & 7)) & 1; }
 
-void fill_pattern(std::byte* p, int64_t bytes, const std::vector<std::byte>& pattern) {
-  if (bytes <= 0) return;
-  const int64_t n = static_cast<int64_t>(pattern.size());
-  if (std::all_of(pattern.begin(), pattern.end(), [&](std::byte b) { return b == pattern[0]; })) {
-    std::memset(p, static_cast<int>(pattern[0]), static_cast<size_t>(bytes));
-    return;
-  }
-  for (int64_t k = 0; k < bytes; k += n) std::memcpy(p + k, pattern.data(), static_cast<size_t>(std::min(n, bytes - k)));
-}
-
 [[noreturn]] void bad_column(const std::string& name, const std::string& what) {
   throw std::invalid_argument("Arrow column '" + name + "': " + what);
 }

@@ -252,3 +252,22 @@ int64_t ArrowTable::longest(size_t column) const {
 }
 
 }  // namespace fastload
+
+namespace fastload {
+
+std::vector<const std::byte*> arrow_indices_data(const ArrowTable& indices, DType* dtype) {
+  const auto& cols = indices.columns();
+  if (cols.size() != 1 || cols[0].kind != ArrowKind::kFixed || cols[0].dictionary || cols[0].dtype.code == kFloat ||
+      cols[0].elements != 1 || !cols[0].unsupported.empty() || cols[0].first_null >= 0)
+    throw std::invalid_argument("an indices mapping must be one integer column without nulls");
+  *dtype = cols[0].dtype;
+  std::vector<const std::byte*> data;
+  for (size_t c = 0; c < indices.num_chunks(); ++c) {
+    const ArrowLeafAt at = leaf_at(indices.chunk(c), cols[0].path, cols[0].name);
+    if (at.array->n_buffers < 2) throw std::invalid_argument("an indices mapping's chunk has no data");
+    data.push_back(static_cast<const std::byte*>(at.array->buffers[1]) + at.first * (dtype->bits / 8));
+  }
+  return data;
+}
+
+}  // namespace fastload

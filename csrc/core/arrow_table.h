@@ -60,6 +60,11 @@ struct ArrowLeafAt {
 // Throws std::invalid_argument if the chunk's arrays do not have the children the path names.
 ArrowLeafAt leaf_at(const ArrowArray& batch, const std::vector<int>& path, const std::string& name);
 
+// An indices mapping (a Hugging Face dataset's `_indices`): one integer column without nulls.
+// Returns each chunk's first value (the chunk's slice offset applied) and sets *dtype to their
+// integer type; throws std::invalid_argument for anything else.
+std::vector<const std::byte*> arrow_indices_data(const ArrowTable& indices, DType* dtype);
+
 // The first chunk row in [0, rows) that is not null itself (its validity on the way is `validity`)
 // but holds a null below it (a list item, a fixed-size list element, at any depth), or -1. `leaf`
 // is the column's array (schema `s`) with the chunk's row 0 at physical index `first`; the values

@@ -721,3 +721,17 @@ void gather_ragged_pieces(const ArrayColumn& col, const RaggedPiece* pieces, int
 }
 
 }  // namespace fastload
+
+namespace fastload {
+
+void fill_pattern(std::byte* p, int64_t bytes, const std::vector<std::byte>& pattern) {
+  if (bytes <= 0) return;
+  const int64_t n = static_cast<int64_t>(pattern.size());
+  if (std::all_of(pattern.begin(), pattern.end(), [&](std::byte b) { return b == pattern[0]; })) {
+    std::memset(p, static_cast<int>(pattern[0]), static_cast<size_t>(bytes));
+    return;
+  }
+  for (int64_t k = 0; k < bytes; k += n) std::memcpy(p + k, pattern.data(), static_cast<size_t>(std::min(n, bytes - k)));
+}
+
+}  // namespace fastload

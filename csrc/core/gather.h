@@ -89,6 +89,10 @@ void set_streaming_min_part_bytes(int64_t bytes);
 // Tests pass false to exercise the baseline copy on such a CPU; true restores the default.
 void set_wide_row_copies(bool allowed);
 
+// Fills `bytes` bytes at p with `pattern` repeated (a pad value of one item); a one-byte pattern
+// (or all bytes equal) is a memset.
+void fill_pattern(std::byte* p, int64_t bytes, const std::vector<std::byte>& pattern);
+
 // dst[i] = row ids[i] of col, for i < count. ids must be in [0, col.rows). Not for ragged columns.
 void gather_rows(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst);
 

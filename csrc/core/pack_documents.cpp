@@ -133,16 +133,7 @@ ArrowDocuments::ArrowDocuments(std::shared_ptr<const ArrowTable> table, std::sha
   }
   size_ = table_->rows();
   if (indices_) {
-    const auto& cols = indices_->columns();
-    if (cols.size() != 1 || cols[0].kind != ArrowKind::kFixed || cols[0].dictionary || cols[0].dtype.code == kFloat ||
-        cols[0].elements != 1 || !cols[0].unsupported.empty() || cols[0].first_null >= 0)
-      throw std::invalid_argument("an indices mapping must be one integer column without nulls");
-    index_dtype_ = cols[0].dtype;
-    for (size_t c = 0; c < indices_->num_chunks(); ++c) {
-      const ArrowLeafAt at = leaf_at(indices_->chunk(c), cols[0].path, cols[0].name);
-      if (at.array->n_buffers < 2) throw std::invalid_argument("an indices mapping's chunk has no data");
-      index_data_.push_back(static_cast<const std::byte*>(at.array->buffers[1]) + at.first * (index_dtype_.bits / 8));
-    }
+    index_data_ = arrow_indices_data(*indices_, &index_dtype_);
     size_ = indices_->rows();
   }
 }

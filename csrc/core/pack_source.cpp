@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/fork_guard.h"
+#include "core/gather.h"
 #include "core/pack_plan.h"
 
 namespace fastload {
@@ -21,16 +22,6 @@ constexpr DType kInt32Type{kInt, 32};
 bool same_order(const SamplerConfig& a, const SamplerConfig& b) {
   return a.num_samples == b.num_samples && a.seed == b.seed && a.shuffle == b.shuffle && a.order == b.order &&
          a.block_size == b.block_size && a.window_shards == b.window_shards && a.shard_rows == b.shard_rows;
-}
-
-void fill_pattern(std::byte* p, int64_t bytes, const std::vector<std::byte>& pattern) {
-  if (bytes <= 0) return;
-  const int64_t n = static_cast<int64_t>(pattern.size());
-  if (std::all_of(pattern.begin(), pattern.end(), [&](std::byte b) { return b == pattern[0]; })) {
-    std::memset(p, static_cast<int>(pattern[0]), static_cast<size_t>(bytes));
-    return;
-  }
-  for (int64_t k = 0; k < bytes; k += n) std::memcpy(p + k, pattern.data(), static_cast<size_t>(std::min(n, bytes - k)));
 }
 
 // One collation thread's memory for its batches, kept between them.
