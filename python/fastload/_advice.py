@@ -62,7 +62,7 @@ def stall_message(*, share: float, collating: float, copying: float, releasing: 
         message += (f" Note: the loop itself took under {int(IDLE_LOOP_SHARE * 100)}% of the time between batches "
                     "(it does nothing but take batches, as a benchmark does): such a loop waits for any loader, and "
                     "which stage looks busiest then varies from run to run; judge this hint with your training step "
-                    "in the loop")
+                    "in the loop.")
     return message + " See loader.stats()."
 
 
