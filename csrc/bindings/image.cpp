@@ -15,6 +15,7 @@
 #include "bindings/register.h"
 #include "bindings/source.h"
 #include "bindings/without_gil.h"
+#include "image/image_column.h"
 #include "image/image_decoder.h"
 #include "image/image_source.h"
 
@@ -122,6 +123,10 @@ py::dict info_dict(const image::DecodeInfo& i) {
 
 }  // namespace
 
+std::shared_ptr<const ValueDecoder> image_column_decoder(const py::tuple& spec, const py::object& fallback) {
+  return std::make_shared<image::ImageColumnDecoder>(spec_from(spec), fallback_from(fallback));
+}
+
 void set_image_error(const std::string& message) {
   PyErr_SetString(g_image_error ? g_image_error : PyExc_RuntimeError, message.c_str());
 }
@@ -165,6 +170,10 @@ void register_image(py::module_& m) {
     return SourceHandle{std::move(source), fallback};
   }, py::arg("paths"), py::arg("offsets"), py::arg("labels"), py::arg("spec"), py::arg("fallback"),
      py::arg("image_name") = "image", py::arg("label_name") = "label");
+
+  m.def("_set_native_image_decoding", &image::set_native_decoding, py::arg("enabled"),
+        "Test instrument: False makes this process decode as a build without libjpeg / libpng (JPEG and PNG "
+        "through the fallback, image_backends() naming none); returns the previous setting.");
 
   // The size and format of one encoded image, from its header.
   m.def("image_size", [](const py::bytes& data, const py::object& fallback) {
