@@ -18,6 +18,7 @@
 #include "image/image_column.h"
 #include "image/image_decoder.h"
 #include "image/image_source.h"
+#include "image/resample.h"
 
 namespace py = pybind11;
 
@@ -174,6 +175,17 @@ void register_image(py::module_& m) {
   m.def("_set_native_image_decoding", &image::set_native_decoding, py::arg("enabled"),
         "Test instrument: False makes this process decode as a build without libjpeg / libpng (JPEG and PNG "
         "through the fallback, image_backends() naming none); returns the previous setting.");
+
+  m.def("_set_resample_simd", [](const std::string& limit) {
+    static const char* names[] = {"scalar", "sse2", "avx2"};
+    int want = -1;
+    for (int i = 0; i < 3; ++i)
+      if (limit == names[i]) want = i;
+    if (want < 0) throw std::invalid_argument("simd must be 'scalar', 'sse2' or 'avx2', got '" + limit + "'");
+    const auto before = image::set_resample_simd(static_cast<image::ResampleSimd>(want));
+    return py::make_tuple(names[static_cast<int>(before)], names[static_cast<int>(image::resample_simd())]);
+  }, py::arg("limit"), "Test instrument: caps the resize's vector instructions ('scalar', 'sse2', 'avx2': the best "
+                       "the CPU has); returns (the previous cap, the form now used).");
 
   // The size and format of one encoded image, from its header.
   m.def("image_size", [](const py::bytes& data, const py::object& fallback) {
