@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bindings/callback_error.h"
+#include "bindings/image.h"
 #include "bindings/python_ref.h"
 #include "bindings/register.h"
 #include "bindings/source.h"
@@ -116,6 +117,11 @@ std::vector<ArrowColumnRequest> requests_of(const py::list& requests) {
     if (py::len(t) > 7) r.shape = t[7].cast<std::vector<int64_t>>();
     if (py::len(t) > 8) r.list_shape = t[8].cast<std::vector<int64_t>>();
     r.fill_none = py::len(t) > 9 && t[9].cast<bool>();
+    if (py::len(t) > 10 && !t[10].is_none()) {  // (image spec, fallback, path column, part name): decode=
+      r.decoder = image_column_decoder(t[10].cast<py::tuple>(), py::reinterpret_borrow<py::object>(t[11]));
+      r.path_column = t[12].cast<std::string>();
+      r.decoded_name = t[13].cast<std::string>();
+    }
     cols.push_back(std::move(r));
   }
   return cols;
@@ -168,7 +174,8 @@ void register_arrow(py::module_& m) {
       }, py::arg("name"), "a list or string column's longest row (items or bytes): reads its offsets");
 
   // requests: [(name, max_items, pad bytes, fill, fill bytes, with_valid, as_list, shape, list_shape,
-  // fill_none)] (see ArrowColumnRequest; the last four optional); owners: kept alive.
+  // fill_none[, image spec, fallback, path column, part name])] (see ArrowColumnRequest; the last
+  // four optional, then the four of a decoded column, or none); owners: kept alive.
   m.def("ArrowSource", [](std::shared_ptr<ArrowTable> table, const py::list& requests,
                           std::shared_ptr<ArrowTable> indices, py::object owners) {
     auto source = std::make_shared<ArrowSource>(std::move(table), requests_of(requests), std::move(indices));

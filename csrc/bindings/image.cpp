@@ -15,8 +15,10 @@
 #include "bindings/register.h"
 #include "bindings/source.h"
 #include "bindings/without_gil.h"
+#include "image/image_column.h"
 #include "image/image_decoder.h"
 #include "image/image_source.h"
+#include "image/resample.h"
 
 namespace py = pybind11;
 
@@ -122,6 +124,10 @@ py::dict info_dict(const image::DecodeInfo& i) {
 
 }  // namespace
 
+std::shared_ptr<const ValueDecoder> image_column_decoder(const py::tuple& spec, const py::object& fallback) {
+  return std::make_shared<image::ImageColumnDecoder>(spec_from(spec), fallback_from(fallback));
+}
+
 void set_image_error(const std::string& message) {
   PyErr_SetString(g_image_error ? g_image_error : PyExc_RuntimeError, message.c_str());
 }
@@ -165,6 +171,21 @@ void register_image(py::module_& m) {
     return SourceHandle{std::move(source), fallback};
   }, py::arg("paths"), py::arg("offsets"), py::arg("labels"), py::arg("spec"), py::arg("fallback"),
      py::arg("image_name") = "image", py::arg("label_name") = "label");
+
+  m.def("_set_native_image_decoding", &image::set_native_decoding, py::arg("enabled"),
+        "Test instrument: False makes this process decode as a build without libjpeg / libpng (JPEG and PNG "
+        "through the fallback, image_backends() naming none); returns the previous setting.");
+
+  m.def("_set_resample_simd", [](const std::string& limit) {
+    static const char* names[] = {"scalar", "sse2", "avx2"};
+    int want = -1;
+    for (int i = 0; i < 3; ++i)
+      if (limit == names[i]) want = i;
+    if (want < 0) throw std::invalid_argument("simd must be 'scalar', 'sse2' or 'avx2', got '" + limit + "'");
+    const auto before = image::set_resample_simd(static_cast<image::ResampleSimd>(want));
+    return py::make_tuple(names[static_cast<int>(before)], names[static_cast<int>(image::resample_simd())]);
+  }, py::arg("limit"), "Test instrument: caps the resize's vector instructions ('scalar', 'sse2', 'avx2': the best "
+                       "the CPU has); returns (the previous cap, the form now used).");
 
   // The size and format of one encoded image, from its header.
   m.def("image_size", [](const py::bytes& data, const py::object& fallback) {

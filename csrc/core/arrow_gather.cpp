@@ -328,13 +328,122 @@ void collect_arrow_strings(const ArrowColumnPlan& col, const ArrowChunkView* con
   }
 }
 
+namespace {
+
+bool is_binary_format(const char* f) {
+  return f && (std::strcmp(f, "z") == 0 || std::strcmp(f, "Z") == 0 || std::strcmp(f, "vz") == 0);
+}
+bool is_string_format(const char* f) {
+  return f && (std::strcmp(f, "u") == 0 || std::strcmp(f, "U") == 0 || std::strcmp(f, "vu") == 0);
+}
+
+// Field `child` (0: bytes, 1: path) of a struct<bytes, path> column in one chunk, with the
+// struct's validity and the field's own.
+ArrowChunkView media_field_view(const ArrowArray& batch, const ArrowColumnInfo& info, const ArrowSchema& s, int child,
+                                int64_t row0) {
+  ArrowChunkView view;
+  view.row0 = row0;
+  ArrowLeafAt at = leaf_at(batch, info.path, info.name);
+  const ArrowArray* st = at.array;
+  if (st->n_children != 2 || !st->children || !st->children[child])
+    bad_column(info.name, "a struct<bytes, path> chunk without its two fields");
+  const ArrowArray* a = st->children[child];
+  const int64_t first = at.first + a->offset;
+  view.validity = std::move(at.validity);
+  if (a->null_count != 0 && a->n_buffers >= 1 && a->buffers[0])
+    view.validity.emplace_back(static_cast<const uint8_t*>(a->buffers[0]), first);
+  view.strings = arrow_strings(*a, *s.children[child], first);
+  if (!view.strings.valid()) bad_column(info.name, "a struct<bytes, path> field without its offsets, views or data");
+  return view;
+}
+
+// A binary column decoded per row (ArrowColumnRequest::decoder), with its path column if any.
+ArrowColumnPlan plan_decoded_column(const ArrowTable& table, ArrowColumnPlan col, ArrowColumnRequest req,
+                                    bool check_nulls) {
+  const ArrowColumnInfo& info = col.info;
+  const ArrowSchema& s = table.column_schema(info);
+  const ArrowSchema& values = info.dictionary ? *s.dictionary : s;
+  col.utf8 = std::strcmp(values.format, "u") == 0 || std::strcmp(values.format, "U") == 0 ||
+             std::strcmp(values.format, "vu") == 0;
+  if (info.media) {
+    col.utf8 = false;
+    if (s.n_children != 2 || !is_binary_format(s.children[0]->format) || !is_string_format(s.children[1]->format))
+      bad_column(info.name, "of type " + info.type + ": its bytes must be binary and its path a string");
+  } else if (info.kind != ArrowKind::kBytes || col.utf8) {
+    bad_column(info.name, "of type " + info.type + " cannot be decoded: decode= takes a binary column (or a struct "
+                          "of bytes and path, as a Hugging Face Image feature)");
+  }
+  if (info.dictionary) arrow_fixed_dtype(s.format, &col.index_type);
+  if (req.as_list || req.fill || req.with_valid || req.max_items != 0)
+    bad_column(info.name, "a decoded column takes no max_length, fill_null or with_valid");
+  if (info.media) {  // the path field of the same struct: its plan only names it (no dictionary)
+    auto plan = std::make_shared<ArrowColumnPlan>();
+    plan->info = info;
+    plan->info.name = info.name + ".path";
+    col.path = std::move(plan);
+  } else if (!req.path_column.empty()) {
+    ArrowColumnRequest path;
+    path.name = req.path_column;
+    path.as_list = true;  // read as strings; its plan serves only the views of its values
+    auto plan = std::make_shared<ArrowColumnPlan>(plan_arrow_column(table, std::move(path), /*check_nulls=*/false));
+    if (!plan->utf8)
+      bad_column(req.path_column, "of type " + plan->info.type + " is not a string column of paths");
+    col.path = std::move(plan);
+  } else if (check_nulls && info.first_null >= 0) {
+    bad_column(info.name, "holds nulls (the first at row " + std::to_string(info.first_null) +
+                          "): an image column's rows must all hold an image");
+  }
+  const PartSchema part = req.decoder->part(req.decoded_name.empty() ? info.name : req.decoded_name);
+  col.item_shape = part.row_shape;
+  col.row_bytes = static_cast<int64_t>(part.row_bytes);
+  col.item_bytes = 1;
+  col.request = std::move(req);
+  return col;
+}
+
+}  // namespace
+
+void decode_arrow_values(const ArrowColumnPlan& col, const ArrowChunkView* const* views, const int64_t* rows,
+                         const int64_t* ids, const int64_t* epochs, int64_t n, uint64_t seed, int64_t epoch,
+                         std::byte* dst) {
+  const ValueDecoder& decoder = *col.request.decoder;
+  const std::string& name = col.request.decoded_name.empty() ? col.info.name : col.request.decoded_name;
+  thread_local std::string path;
+  for (int64_t i = 0; i < n; ++i) {
+    const ArrowChunkView& v = *views[i];
+    ValueOrigin origin;
+    origin.column = &name;
+    origin.row = v.row0 + rows[i];
+    origin.sample = ids[i];
+    std::byte* out = dst + i * col.row_bytes;
+    int64_t r = 0;
+    const char* p = nullptr;
+    int64_t length = 0;
+    if (value_valid(col, v, rows[i], &r)) {
+      if (!v.strings.get(r, &p, &length))
+        bad_column(name, "row " + std::to_string(origin.row) + " has bytes outside its data (a corrupt array?)");
+      decoder.decode(p, length, nullptr, seed, epochs ? epochs[i] : epoch, origin, out);
+      continue;
+    }
+    if (!col.path || !v.path || !value_valid(*col.path, *v.path, rows[i], &r))
+      bad_column(name, "row " + std::to_string(origin.row) + " (sample " + std::to_string(origin.sample) +
+                           ") holds no image: its bytes are null" + (col.path ? " and so is its path" : ""));
+    if (!v.path->strings.get(r, &p, &length))
+      bad_column(col.path->info.name, "row " + std::to_string(origin.row) + " has bytes outside its data (a corrupt array?)");
+    path.assign(p, static_cast<size_t>(length));
+    decoder.decode(nullptr, 0, &path, seed, epochs ? epochs[i] : epoch, origin, out);
+  }
+}
+
 ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest req, bool check_nulls) {
   ArrowColumnPlan col;
   col.info = table.column(req.name);
   const ArrowColumnInfo& info = col.info;
   const std::string& name = info.name;
+  if (req.decoder && info.media) return plan_decoded_column(table, std::move(col), std::move(req), check_nulls);
   if (!info.unsupported.empty())
     throw std::invalid_argument("Arrow column '" + name + "' of type " + info.type + ": " + info.unsupported);
+  if (req.decoder) return plan_decoded_column(table, std::move(col), std::move(req), check_nulls);
   if (check_nulls && info.first_null >= 0 && !req.fill)
     throw std::invalid_argument("Arrow column '" + name + "' holds nulls (the first at row " +
                                 std::to_string(info.first_null) + "): pass fill_null={'" + name +
@@ -403,6 +512,10 @@ ArrowColumnPlan plan_arrow_column(const ArrowTable& table, ArrowColumnRequest re
 }
 
 void add_arrow_parts(const ArrowColumnPlan& col, std::vector<PartSchema>& parts) {
+  if (col.decoded()) {
+    parts.push_back(col.request.decoder->part(col.request.decoded_name.empty() ? col.info.name : col.request.decoded_name));
+    return;
+  }
   if (!col.request.as_list) {  // a list of strings is carried in the batch's extras
     std::vector<int64_t> shape = col.item_shape;
     if (col.is_list()) shape.insert(shape.begin(), col.request.max_items);
@@ -414,6 +527,15 @@ void add_arrow_parts(const ArrowColumnPlan& col, std::vector<PartSchema>& parts)
 
 ArrowChunkView arrow_chunk_view(const ArrowTable& table, size_t chunk, const ArrowColumnPlan& plan, int64_t row0) {
   const ArrowColumnInfo& here = table.column(plan.info.name);
+  if (plan.info.media) {  // an image column's struct<bytes, path> (the plan checked its fields' types)
+    const ArrowSchema& s = table.column_schema(here);
+    if (!here.media || !is_binary_format(s.children[0]->format) || !is_string_format(s.children[1]->format))
+      throw std::invalid_argument("Arrow column '" + plan.info.name + "' is " + here.type + " here, " +
+                                  plan.info.type + " where the source was opened");
+    ArrowChunkView view = media_field_view(table.chunk(chunk), here, s, 0, row0);
+    view.path = std::make_shared<const ArrowChunkView>(media_field_view(table.chunk(chunk), here, s, 1, row0));
+    return view;
+  }
   if (here.kind != plan.info.kind || here.dtype != plan.info.dtype || here.item_shape != plan.info.item_shape ||
       here.dictionary != plan.info.dictionary || here.inner_lists != plan.info.inner_lists || !here.unsupported.empty())
     throw std::invalid_argument("Arrow column '" + plan.info.name + "' is " + here.type + " here, " + plan.info.type +
@@ -425,7 +547,9 @@ ArrowChunkView arrow_chunk_view(const ArrowTable& table, size_t chunk, const Arr
     if (index != plan.index_type)
       throw std::invalid_argument("Arrow column '" + plan.info.name + "': its dictionary indices changed type");
   }
-  return view_of(table.chunk(chunk), here, s, plan, row0);
+  ArrowChunkView view = view_of(table.chunk(chunk), here, s, plan, row0);
+  if (plan.path) view.path = std::make_shared<const ArrowChunkView>(arrow_chunk_view(table, chunk, *plan.path, row0));
+  return view;
 }
 
 }  // namespace fastload

@@ -11,6 +11,7 @@
 #include "core/arrow_rows.h"
 #include "core/arrow_table.h"
 #include "core/batch_source.h"
+#include "core/value_decoder.h"
 
 namespace fastload {
 
@@ -33,6 +34,12 @@ struct ArrowColumnRequest {
   // stored as lists of lists): one per level, the row's level first; -1 for the row's level
   // means any length (padded, with lengths). Each row is checked against it as it is read.
   std::vector<int64_t> list_shape;
+  // A binary column decoded per row into a fixed-size part (an image column: decode=). The part
+  // is named `decoded_name`; a null value reads the file named by the string column
+  // `path_column` of the same row (a Hugging Face Image feature's struct<bytes, path>), if given.
+  std::shared_ptr<const ValueDecoder> decoder;
+  std::string decoded_name;
+  std::string path_column;
 };
 
 // What a batch carries for string columns asked for as lists (FillRequest::extras): per column,
@@ -62,6 +69,7 @@ struct ArrowChunkView {
   std::vector<ArrowListOffsets> inner; // list: the inner variable-size list levels, outermost first
   int64_t leaf_items = -1;             // list: the items below the last level (bounds)
   ArrowStrings strings;                // string / binary
+  std::shared_ptr<const ArrowChunkView> path;  // decoded: the path column's view in this chunk
   bool plain() const { return validity.empty() && !indices; }
 };
 
@@ -76,7 +84,11 @@ struct ArrowColumnPlan {
   bool exact = false;      // list: every row has max_items items (a declared size): no lengths part
   DType index_type;
   bool utf8 = false;  // a string (not binary) column
-  bool is_list() const { return (info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes) && !request.as_list; }
+  std::shared_ptr<const ArrowColumnPlan> path;  // decoded: the plan of its path column, if any
+  bool decoded() const { return request.decoder != nullptr; }
+  bool is_list() const {
+    return (info.kind == ArrowKind::kList || info.kind == ArrowKind::kBytes) && !request.as_list && !decoded();
+  }
   bool has_lengths() const { return is_list() && !exact; }
 };
 
@@ -100,6 +112,12 @@ void collect_arrow_strings(const ArrowColumnPlan& plan, const ArrowChunkView* co
 // Appends `from`'s rows after `into`'s (a mixture's batch, run by run); `into` without columns
 // takes `from`'s. Throws std::invalid_argument if both have columns and they differ.
 void append_arrow_string_lists(ArrowStringLists& into, const ArrowStringLists& from);
+// A decoded column: rows [0, n) of a block (row i is chunk row rows[i] of views[i]; its sample id
+// ids[i], its epoch epochs[i], or `epoch` for all when epochs is null) decoded into
+// dst + i * row_bytes.
+void decode_arrow_values(const ArrowColumnPlan& plan, const ArrowChunkView* const* views, const int64_t* rows,
+                         const int64_t* ids, const int64_t* epochs, int64_t n, uint64_t seed, int64_t epoch,
+                         std::byte* dst);
 // A list of the plans' string columns asked for as lists (names, types), ready to collect into.
 std::shared_ptr<ArrowStringLists> arrow_string_lists(const std::vector<const ArrowColumnPlan*>& plans, int64_t rows);
 
@@ -132,6 +150,11 @@ void gather_arrow_block(const std::vector<const ArrowColumnPlan*>& plans, const 
       continue;
     }
     std::byte* dst = r.parts[p++] + b * col.row_bytes;
+    if (col.decoded()) {
+      decode_arrow_values(col, views, rows, r.ids + b, r.source_epochs ? r.source_epochs + b : nullptr, n, r.seed,
+                          r.epoch, dst);
+      continue;
+    }
     int64_t* lengths = col.has_lengths() ? reinterpret_cast<int64_t*>(r.parts[p++]) + b : nullptr;
     bool* valid = col.request.with_valid ? reinterpret_cast<bool*>(r.parts[p++]) + b : nullptr;
     gather_arrow_column(col, views, rows, n, plain, dst, lengths, valid);

@@ -37,6 +37,7 @@ ArrowSource::ArrowSource(std::shared_ptr<const ArrowTable> table, std::vector<Ar
   for (const Column& col : columns_) {
     plans_.push_back(&col.plan);
     if (col.plan.request.as_list) string_plans_.push_back(&col.plan);
+    decoded_ = decoded_ || col.plan.decoded();
   }
   if (indices_) {
     index_data_ = arrow_indices_data(*indices_, &index_dtype_);

@@ -26,12 +26,14 @@ class ArrowSource final : public BatchSource {
   int64_t size() const override { return size_; }
   void fill(const FillRequest& request) override;
   bool has_string_lists() const override { return !string_plans_.empty(); }
+  bool wants_source_epochs() const override { return decoded_; }  // an image column keys crops by them
   // For readers other than fill() (a packer reads list columns by token range).
   const std::shared_ptr<const ArrowTable>& table() const { return table_; }
   const std::shared_ptr<const ArrowTable>& indices() const { return indices_; }
 
  private:
   std::vector<const ArrowColumnPlan*> plans_, string_plans_;  // into columns_
+  bool decoded_ = false;  // some column is decoded per row (decode=)
   struct Column {
     ArrowColumnPlan plan;
     std::vector<ArrowChunkView> chunks;

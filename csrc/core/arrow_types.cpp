@@ -126,7 +126,8 @@ void describe_fields(const ArrowSchema* s, const std::string& prefix, std::vecto
       if (!c.extension.empty()) c.type = "extension<" + c.extension + "> of storage " + c.type;
       if (is_struct && c.extension.empty()) {
         c.type = "struct<bytes, path> (an encoded image or audio file)";
-        c.unsupported = "encoded media are not decoded natively";
+        c.unsupported = "encoded media are decoded only as an image column (decode=)";
+        c.media = true;
       } else if (is_struct) {
         c.unsupported = "its storage is a struct";
       } else if (child->dictionary) {

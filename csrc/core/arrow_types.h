@@ -40,6 +40,9 @@ struct ArrowColumnInfo {
   std::vector<int> path;            // child indices from the record batch down to the column
   std::string extension;            // the column's ARROW:extension:name ("" for none)
   std::string extension_metadata;   // its ARROW:extension:metadata
+  // A struct<bytes, path> (a Hugging Face Image / Audio feature): unsupported as a column, read
+  // only as an image column (decode=), its fields kept together.
+  bool media = false;
 };
 
 // The key-value pairs of a schema's `metadata` (the C data interface's binary encoding); empty

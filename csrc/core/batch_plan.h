@@ -30,6 +30,9 @@ struct BatchRows {
   int64_t* local_ids = nullptr;  // a mixture's: each row's id within its own source
   // A mixture's: where each source's rows start (num_sources() + 1 entries, the last = rows).
   int64_t* source_rows = nullptr;
+  // A stream's (fills_epochs()): each row's epoch of its own source (which pass over that source
+  // the row's sample comes from), when asked.
+  int64_t* epochs = nullptr;
   // The filling thread's cursor from this plan's cursor(), or null (then fill() starts afresh).
   PlanCursor* cursor = nullptr;
 };
@@ -55,6 +58,8 @@ class BatchPlan {
   // Whether fill() writes BatchRows::sources, local_ids and source_rows when asked (rows grouped
   // by source, in source order), so that a mixed source need not work them out from the ids.
   virtual bool fills_sources() const { return false; }
+  // Whether fill() writes BatchRows::epochs when asked (a stream: each source has its own epochs).
+  virtual bool fills_epochs() const { return false; }
   // A new cursor for one thread's fill() calls (BatchRows::cursor), or null if the plan has no
   // use for one. fill() gives the same rows with or without it.
   virtual std::unique_ptr<PlanCursor> cursor() const { return nullptr; }

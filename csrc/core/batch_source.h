@@ -49,6 +49,10 @@ struct FillRequest {
   // (the row groups of the batches to come). A mixture hands such a child a view of its plan
   // whose ids are the child's own (mix_source.cpp); null for children that do not read it.
   const BatchPlan* plan = nullptr;
+  // For a source that wants_source_epochs(), when the plan is a stream (steps=, fl.Mix): each
+  // row's epoch of its own source; null otherwise (every row's is `epoch`). A decode stage keys
+  // its crops by it, so that a sample's crop does not depend on the mixture around it.
+  const int64_t* source_epochs = nullptr;
 };
 
 class BatchSource {
@@ -64,6 +68,9 @@ class BatchSource {
   // Whether its batches carry string columns as lists (FillRequest::extras holds an
   // ArrowStringLists, arrow_source.h): the bindings turn them into Python lists.
   virtual bool has_string_lists() const { return false; }
+  // Whether it reads FillRequest::source_epochs (per-sample randomness keyed by the source's own
+  // epoch: an image decode stage).
+  virtual bool wants_source_epochs() const { return false; }
   // Throws to fail the batch: the pipeline reports it with the batch and epoch, keeping the
   // original exception.
   virtual void fill(const FillRequest& request) = 0;

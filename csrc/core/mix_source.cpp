@@ -86,6 +86,8 @@ MixSource::MixSource(std::vector<std::shared_ptr<BatchSource>> children) : child
   string_lists_ = children_[0]->has_string_lists();
   reads_plan_ahead_ = std::any_of(children_.begin(), children_.end(),
                                   [](const auto& c) { return c->reads_plan_ahead(); });
+  source_epochs_ = std::any_of(children_.begin(), children_.end(),
+                               [](const auto& c) { return c->wants_source_epochs(); });
   // Arrays of strided fixed-size columns (one part each; not sharded, not ragged) are read
   // straight from their columns.
   std::vector<const ArraySource*> arrays;
@@ -124,6 +126,7 @@ void MixSource::fill_run(const FillRequest& r, int child, int64_t first, int64_t
   sub.plan = view.get();
   sub.ids = local_ids;
   sub.count = count;
+  sub.source_epochs = r.source_epochs ? r.source_epochs + first : nullptr;
   sub.parts = part_ptrs;
   sub.extras = &extras;
   sub.local_ids = sub.source_rows = nullptr;

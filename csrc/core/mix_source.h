@@ -28,6 +28,7 @@ class MixSource final : public BatchSource {
   int64_t size() const override { return offsets_.back(); }
   void fill(const FillRequest& request) override;
   bool wants_sources() const override { return true; }
+  bool wants_source_epochs() const override { return source_epochs_; }
   bool has_string_lists() const override { return string_lists_; }
   bool reads_plan_ahead() const override { return reads_plan_ahead_; }
   const std::vector<int64_t>& offsets() const { return offsets_; }  // children + 1 entries
@@ -55,6 +56,7 @@ class MixSource final : public BatchSource {
   std::vector<int64_t> offsets_;
   std::vector<StridedPart> strided_;  // one per part; empty unless every child is strided arrays
   bool string_lists_ = false;
+  bool source_epochs_ = false;   // some child reads FillRequest::source_epochs
   bool reads_plan_ahead_ = false;  // some child does: fill_run hands it a view of the plan
   std::mutex child_plans_mu_;
   std::vector<std::pair<std::pair<const BatchPlan*, int>, std::shared_ptr<const BatchPlan>>> child_plans_;

@@ -203,6 +203,9 @@ void Pipeline::build(int output, int64_t step, int thread, WorkerScratch& scratc
     out.source_rows = scratch.source_rows.data();
     if (!L.with_index) out.ids = nullptr;
   }
+  // Each row's epoch of its own source, where the plan has them and the source reads them.
+  const bool source_epochs = !scratch.epochs.empty() && plan.fills_epochs();
+  if (source_epochs) out.epochs = scratch.epochs.data();
   batch->rows = plan.fill(step, out);
   std::byte* parts[kMaxInlineParts];
   std::vector<std::byte*> many;
@@ -222,6 +225,7 @@ void Pipeline::build(int output, int64_t step, int thread, WorkerScratch& scratc
   request.thread = thread;
   request.extras = &batch->extras;
   request.plan = &plan;
+  if (source_epochs) request.source_epochs = out.epochs;
   if (o.by_source) {
     request.local_ids = out.local_ids;
     request.source_rows = out.source_rows;
@@ -240,6 +244,7 @@ void Pipeline::work(int thread) {
       scratch.cursors.push_back(o->plan->cursor());
     }
     if (!layout_->with_index) scratch.ids.resize(rows);
+    if (source_->wants_source_epochs()) scratch.epochs.resize(rows);
     if (sources > 0) {
       scratch.local_ids.resize(rows);
       scratch.source_rows.resize(static_cast<size_t>(sources) + 1);

@@ -147,7 +147,7 @@ class Pipeline {
   // mixture's local ids and each source's first row, and its cursor of every output's plan
   // (BatchPlan::cursor; null where the plan keeps none).
   struct WorkerScratch {
-    std::vector<int64_t> ids, local_ids, source_rows;
+    std::vector<int64_t> ids, local_ids, source_rows, epochs;
     std::vector<std::unique_ptr<PlanCursor>> cursors;
   };
   void build(int output, int64_t step, int thread, WorkerScratch& scratch, Batch* batch);

@@ -50,6 +50,7 @@ class RowGroupSource final : public BatchSource, public std::enable_shared_from_
   const std::vector<PartSchema>& schema() const override { return parts_; }
   int64_t size() const override { return starts_.back(); }
   bool has_string_lists() const override { return !string_plans_.empty(); }
+  bool wants_source_epochs() const override { return decoded_; }  // an image column keys crops by them
   bool reads_plan_ahead() const override { return ahead_threads_ > 0; }
   void fill(const FillRequest& request) override;
 
@@ -113,6 +114,7 @@ class RowGroupSource final : public BatchSource, public std::enable_shared_from_
   std::shared_ptr<const ArrowTable> schema_table_;
   std::vector<ArrowColumnPlan> columns_;
   std::vector<const ArrowColumnPlan*> plans_, string_plans_;  // into columns_
+  bool decoded_ = false;  // some column is decoded per row (decode=)
   std::vector<PartSchema> parts_;
   std::vector<int64_t> starts_{0};
   std::vector<std::string> names_;

@@ -292,6 +292,7 @@ void StreamPlan::fill_source(Cursor& cur, int j, int64_t first, int64_t lo, int6
     }
     if (out.sources) std::fill(out.sources + k, out.sources + k + run, static_cast<int64_t>(j));
     if (out.valid) std::fill(out.valid + k, out.valid + k + run, true);
+    if (out.epochs) std::fill(out.epochs + k, out.epochs + k + run, e.number);
     k += run;
   }
 }

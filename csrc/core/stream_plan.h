@@ -65,6 +65,7 @@ class StreamPlan final : public BatchPlan {
   int64_t position_after(int64_t batches_done) const override;  // the global step to resume at
   int num_sources() const override { return static_cast<int>(config_->sources.size()); }
   bool fills_sources() const override { return true; }
+  bool fills_epochs() const override { return true; }
   void add_source_rows(int64_t batch, int64_t* counts) const override;
   // A thread's cursor keeps its last step's extras and each source's current epoch: its next
   // batch advances them in O(sources * steps apart), with no lock and no shared reference count.

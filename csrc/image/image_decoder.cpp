@@ -2,6 +2,7 @@
 #include "image/image_decoder.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,9 +25,15 @@ struct ImageDecoder::Native {
 #endif
 };
 
+namespace {
+std::atomic<bool> g_native_enabled{true};  // set_native_decoding: off acts as a build without them
+}  // namespace
+
+bool set_native_decoding(bool enabled) { return g_native_enabled.exchange(enabled); }
+
 bool native_jpeg() {
 #ifdef FASTLOAD_WITH_LIBJPEG
-  return true;
+  return g_native_enabled.load(std::memory_order_relaxed);
 #else
   return false;
 #endif
@@ -34,7 +41,7 @@ bool native_jpeg() {
 
 bool native_png() {
 #ifdef FASTLOAD_WITH_LIBPNG
-  return true;
+  return g_native_enabled.load(std::memory_order_relaxed);
 #else
   return false;
 #endif
@@ -42,18 +49,16 @@ bool native_png() {
 
 std::string native_jpeg_library() {
 #ifdef FASTLOAD_WITH_LIBJPEG
-  return jpeg_library_version();
-#else
-  return "";
+  if (native_jpeg()) return jpeg_library_version();
 #endif
+  return "";
 }
 
 std::string native_png_library() {
 #ifdef FASTLOAD_WITH_LIBPNG
-  return png_library_version();
-#else
-  return "";
+  if (native_png()) return png_library_version();
 #endif
+  return "";
 }
 
 Format sniff_format(const uint8_t* d, size_t n) {
@@ -79,6 +84,8 @@ std::string guess_format(const uint8_t* d, size_t n) {
     const size_t len = std::strlen(magic);
     return n >= at + len && std::memcmp(d + at, magic, len) == 0;
   };
+  if (sniff_format(d, n) == Format::kJpeg) return "JPEG";  // a build without libjpeg / libpng
+  if (sniff_format(d, n) == Format::kPng) return "PNG";
   if (starts("RIFF") && starts("WEBP", 8)) return "WebP";
   if (starts("GIF87a") || starts("GIF89a")) return "GIF";
   if (starts("BM")) return "BMP";
@@ -161,7 +168,7 @@ ImageSize ImageDecoder::size_of(const uint8_t* data, size_t size, const Fallback
   ImageSize s;
   s.format = sniff_format(data, size);
 #ifdef FASTLOAD_WITH_LIBJPEG
-  if (s.format == Format::kJpeg) {
+  if (s.format == Format::kJpeg && native_jpeg()) {
     const JpegHeader h = native_->jpeg.read_header(data, size);
     native_->jpeg.reset();
     s.format_name = "JPEG";
@@ -171,7 +178,7 @@ ImageSize ImageDecoder::size_of(const uint8_t* data, size_t size, const Fallback
   }
 #endif
 #ifdef FASTLOAD_WITH_LIBPNG
-  if (s.format == Format::kPng) {
+  if (s.format == Format::kPng && native_png()) {
     const PngHeader h = native_->png.read_header(data, size);
     native_->png.reset();
     s.format_name = "PNG";
@@ -190,7 +197,7 @@ void ImageDecoder::decode(const uint8_t* data, size_t size, const ImageSpec& spe
   const Format format = sniff_format(data, size);
   AxisFilter fx, fy;
 #ifdef FASTLOAD_WITH_LIBJPEG
-  if (format == Format::kJpeg) {
+  if (format == Format::kJpeg && native_jpeg()) {
     JpegDecoder& jpeg = native_->jpeg;
     const JpegHeader h = jpeg.read_header(data, size);
     check_pixels(h.width, h.height, spec, "JPEG");
@@ -206,7 +213,7 @@ void ImageDecoder::decode(const uint8_t* data, size_t size, const ImageSpec& spe
   }
 #endif
 #ifdef FASTLOAD_WITH_LIBPNG
-  if (format == Format::kPng) {
+  if (format == Format::kPng && native_png()) {
     PngDecoder& png = native_->png;
     const PngHeader h = png.read_header(data, size);
     check_pixels(h.width, h.height, spec, "PNG");

@@ -38,6 +38,9 @@ class FallbackDecoder {
 };
 
 // Whether this build decodes JPEG / PNG natively, and with what.
+// Test instrument: with `enabled` false the process decodes as a build without libjpeg / libpng
+// does (every format through the fallback; the functions below say none). Returns the old value.
+bool set_native_decoding(bool enabled);
 bool native_jpeg();
 bool native_png();
 std::string native_jpeg_library();  // e.g. "libjpeg-turbo 2.1.5"; empty without a native decoder

@@ -87,7 +87,7 @@ void ImageFileSource::fill(const FillRequest& r) {
                               std::to_string(files_.size()) + ")");
     try {
       read_file(files_.at(id), bytes);
-      SampleRng rng(r.seed, r.epoch, id);
+      SampleRng rng(r.seed, r.source_epochs ? r.source_epochs[i] : r.epoch, id);
       decoder.decode(bytes.data(), bytes.size(), spec_, rng, fallback_.get(),
                      reinterpret_cast<uint8_t*>(r.parts[0]) + static_cast<size_t>(i) * out_bytes);
     } catch (const ImageError& e) {

@@ -34,6 +34,7 @@ class ImageFileSource final : public BatchSource {
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return files_.size(); }
   void fill(const FillRequest& request) override;
+  bool wants_source_epochs() const override { return true; }
 
  private:
   PathList files_;

@@ -2,7 +2,7 @@
 // factor, the filter PIL's Image.resize(BILINEAR) applies and torchvision's Resize(antialias=True)
 // reproduces; horizontal pass into 8-bit rows, then vertical pass, then the flip and the layout
 // (HWC or CHW) on the way into the batch slot. Pixels are 4 bytes (RGBX) until that last step,
-// so that both passes run on whole SSE2 vectors; weights are 14-bit fixed point (16-bit lanes),
+// so that both passes run on whole SSE2 / AVX2 vectors; weights are 14-bit fixed point (16-bit lanes),
 // so a pixel may differ from PIL's 22-bit result by 1.
 #pragma once
 #include <cstddef>
@@ -15,7 +15,7 @@
 namespace fastload::image {
 
 // Bytes a decoded region must hold past its last pixel: the vertical pass reads rows in whole
-// 16-byte vectors.
+// 16- or 32-byte vectors, the horizontal pass a few pixels past a filter's last weight.
 inline constexpr size_t kRegionSlack = 64;
 
 // One axis: output pixel o reads source pixels [first[o], first[o] + count[o]) with weights
@@ -58,6 +58,13 @@ struct ResampleScratch {
   std::vector<uint8_t> rows;  // the horizontal pass's output
   std::vector<uint8_t> line;  // one output row, RGBX
 };
+
+// Which vector instructions the passes use: the best the CPU has, up to a limit (tests compare
+// them: every form gives the same bytes).
+enum class ResampleSimd : int { kScalar = 0, kSse2 = 1, kAvx2 = 2 };
+// Test instrument: caps the form used from now on (kAvx2: the best available); returns the old cap.
+ResampleSimd set_resample_simd(ResampleSimd limit);
+ResampleSimd resample_simd();  // the form in use
 
 // `src` must hold every pixel the filters read.
 void resample(const PixelRegion& src, const AxisFilter& fx, const AxisFilter& fy, ResampleScratch& scratch,

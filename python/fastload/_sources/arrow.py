@@ -73,14 +73,21 @@ class Arrow:
             null row ([] for an empty row). A column with nulls and no fill is refused.
         with_valid: add `<name>_valid` (bool, False where the row was null) for every column in
             fill_null.
+        decode: {column: fl.Image(...)}: the column's encoded images (a binary column, or a
+            Hugging Face Image feature: a struct of bytes and path, the file at path read where
+            bytes is null) decoded natively per sample into a uint8 part of that name, as
+            fl.ImageFolder decodes its files (docs/images.md). A Hugging Face Image column is
+            refused without it.
     """
 
     def __init__(self, data: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
-                 fill_null: Mapping[str, Any] | None = None, with_valid: bool = False):
+                 fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
+                 decode: Mapping[str, Any] | None = None):
         if isinstance(data, Arrow):
             raise TypeError("data is already an fl.Arrow: pass it to the Loader as it is")
         self._args = {"columns": columns, "pad": pad, "max_length": max_length, "fill_null": fill_null,
-                      "with_valid": with_valid}
+                      "with_valid": with_valid,
+                      "decode": decode}
         self._files: list[str] = []
         indices = None
         if is_hf_dataset(data):
@@ -109,7 +116,7 @@ class Arrow:
         if self._rows == 0:  # before the columns: an empty dataset's columns may have no type (null)
             raise ValueError("the Arrow data has no rows")
         self._selected, self._requests, names = plan_columns(table, columns, pad, max_length, fill_null, with_valid,
-                                                             longest=table.longest)
+                                                             longest=table.longest, decode=decode)
         self._names = names
         self._fingerprint_files = [_file_state(f) for f in self._files]
         self.string_lists = [r[0] for r in self._requests if r[6]]

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import _C
 from .hugging_face import HF_ARRAY_EXTENSION, hf_array_shapes
+from .image_columns import decoded_request, image_columns, refuse_undecoded_images
 from .ragged import stored_scalar
 
 __all__ = ["plan_columns"]
@@ -99,9 +100,11 @@ def _extension_shape(info: dict, hf_shapes: dict[str, tuple[int, ...]], what: st
 
 
 def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length: Any, fill_null: Any,
-                 with_valid: bool, longest: Any = None, what: str = "Arrow") -> tuple[list[str], list[tuple], list[str]]:
-    """The columns read (leaf names), the native requests for them, and the batch's part names.
-    `longest(name)` gives a list column's longest row when no max_length is given (None: refused)."""
+                 with_valid: bool, longest: Any = None, what: str = "Arrow",
+                 decode: Any = None) -> tuple[list[str], list[tuple], list[str]]:
+    """The columns read (leaf names; an image column of `decode` by its own name, in place of its
+    stored leaves), the native requests for them, and the batch's part names. `longest(name)`
+    gives a list column's longest row when no max_length is given (None: refused)."""
     if not isinstance(with_valid, bool):
         raise TypeError(f"with_valid must be a bool, got {with_valid!r}")
     if fill_null is not None and not isinstance(fill_null, Mapping):
@@ -110,11 +113,14 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
     infos = {c["name"]: c for c in all_columns}
     selected = _select(columns, infos)
     _refuse_clashes(all_columns, selected, what)
+    images = image_columns(decode, infos, what)
+    refuse_undecoded_images(table.metadata, selected, images, what)
+    selected = _with_images(selected, images)
     hf_shapes = hf_array_shapes(table.metadata, all_columns)
-    declared = {n: _extension_shape(infos[n], hf_shapes, what) for n in selected}  # n: (shape, list_shape)
+    declared = {n: _extension_shape(infos[n], hf_shapes, what) for n in selected if n not in images}
     # Lists of a declared fixed length (HF Array2D) are not padded: one pad or max_length for all
     # leaves them out.
-    ragged = [n for n in selected if infos[n]["kind"] in ("list", "bytes")
+    ragged = [n for n in selected if n not in images and infos[n]["kind"] in ("list", "bytes")
               and not (declared[n][1] and declared[n][1][0] >= 0)]
     # One pad or max_length for all means all list and string columns; a dict names any column read.
     pads = _by_column("pad", pad, selected) if isinstance(pad, Mapping) else _by_column("pad", pad, ragged)
@@ -123,6 +129,14 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
     fills = _by_column("fill_null", fill_null, selected)
     requests, names = [], []
     for name in selected:
+        if name in images:
+            for option, given in (("pad", pads), ("max_length", lengths), ("fill_null", fills)):
+                if name in given:
+                    raise ValueError(f"{option}[{name!r}]: {name!r} is an image column (decode=), whose rows are "
+                                     "decoded images: it takes no pad, max_length or fill_null")
+            requests.append(decoded_request(name, decode[name], images[name]))
+            names.append(name)
+            continue
         info = infos[name]
         shape, list_shape = declared[name]
         if info["unsupported"]:
@@ -154,6 +168,20 @@ def plan_columns(table: Any, columns: Sequence[str] | None, pad: Any, max_length
                          f"<name>_valid: {repeated} would be given twice (parts: {names}); rename the column, or "
                          "drop one with columns=[...]")
     return selected, requests, names
+
+
+def _with_images(selected: list[str], images: dict[str, tuple[str, str | None]]) -> list[str]:
+    """`selected` with each image column in place of its stored leaves (bytes, path)."""
+    out: list[str] = []
+    for name, (data, path) in images.items():
+        if data not in selected:
+            raise ValueError(f"decode names the column {name!r}, which columns= leaves out: add it to columns")
+    leaves = {leaf: name for name, pair in images.items() for leaf in pair if leaf}
+    for n in selected:
+        n = leaves.get(n, n)
+        if n not in out:
+            out.append(n)
+    return out
 
 
 def _select(columns: Sequence[str] | None, infos: dict[str, Any]) -> list[str]:

@@ -37,7 +37,8 @@ def column_types(table: Any, selected: list[str], native: Any) -> dict[str, Colu
     parts = {name: (tuple(code_bits), tuple(shape)) for name, code_bits, shape, _ in native.schema}
     out = {}
     for name in selected:
-        arrow = infos[name]["type"]
+        # An image column (decode=) is named for its column; a Hugging Face Image's bytes are its field.
+        arrow = (infos.get(name) or infos[name + ".bytes"])["type"]
         if name in parts:
             code_bits, shape = parts[name]
             out[name] = ColumnType(_TORCH.get(code_bits, code_bits), shape, arrow)

@@ -71,10 +71,10 @@ def _warn_without_native(spec: Image) -> None:
     if not missing:
         return
     if spec.fallback is None or backends["other"] is None:
-        raise RuntimeError(f"this fastload build decodes no {' or '.join(missing).upper()} natively (built without "
+        raise RuntimeError(f"this fastload build decodes no {' or '.join(m.upper() for m in missing)} natively (built without "
                            "the libjpeg / libpng headers) and the fallback is unavailable: pip install pillow, or "
                            "rebuild with the headers installed (docs/install.md)")
-    warnings.warn(f"this fastload build decodes {' and '.join(missing).upper()} through PIL (built without the "
+    warnings.warn(f"this fastload build decodes {' and '.join(m.upper() for m in missing)} through PIL (built without the "
                   "libjpeg / libpng headers): slower than native; see docs/install.md", RuntimeWarning, stacklevel=3)
 
 

@@ -130,6 +130,8 @@ class Parquet:
         decode_threads: threads that decode the row groups the next batches need, ahead of
             the collation threads (default min(4, CPUs); 0: each row group is decoded by the
             first collation thread that needs it).
+        decode: {column: fl.Image(...)}: an image column (binary, or a Hugging Face Image
+            struct of bytes and path) decoded natively per sample, as fl.Arrow's decode=.
 
     A Parquet source pickles (for spawned workers and DDP): the copy opens the files again by
     path, and refuses them if they were rewritten since this source opened them.
@@ -148,13 +150,14 @@ class Parquet:
 
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
-                 cache_bytes: int | None = None, decode_threads: int | None = None):
+                 cache_bytes: int | None = None, decode_threads: int | None = None,
+                 decode: Mapping[str, Any] | None = None):
         _import_pyarrow()  # a clear ImportError without pyarrow, before anything is read
         import pyarrow as pa  # noqa: PLC0415 - present: _import_pyarrow() passed
         # What a pickle reopens (RemoteParquet keeps its own: its URLs and options without secrets).
         self._open_args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length,
                            "fill_null": fill_null, "with_valid": with_valid, "cache_bytes": cache_bytes,
-                           "decode_threads": decode_threads}
+                           "decode_threads": decode_threads, "decode": decode}
         located = self._locate(path)
         self._paths = [p for p, _ in located]
         self._partitions = discover(self._paths, [dirs for _, dirs in located])
@@ -192,7 +195,8 @@ class Parquet:
         self._schema = _with_partitions(schema, self._partitions)  # the files' columns, then the partitions'
         self._schema_table = _C.ArrowTable.from_stream(empty_table(self._schema).__arrow_c_stream__())
         self._selected, self._requests, self._names = plan_columns(
-            self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet")
+            self._schema_table, columns, pad, max_length, fill_null, with_valid, longest=None, what="Parquet",
+            decode=decode)
         self.string_lists = [r[0] for r in self._requests if r[6]]
         self._read = [f.name for f in schema if any(n == f.name or n.startswith(f.name + ".") for n in self._selected)]
         self._read_schema = pa.schema([schema.field(n) for n in self._read])  # a row group of no rows decodes to this
