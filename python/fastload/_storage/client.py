@@ -22,47 +22,17 @@ from .credentials import aws_chain
 from .deadline import body_limit, watched
 from .parts import PartPool, get_in_parts, part_count
 from .quiet import quiet
+from .errors import FetchError, ObjectChanged, Refused, Transient, changed_error, refused_error  # noqa: F401 - re-exported
 from .urls import Url
 
 T = TypeVar("T")
-_CHUNK = 8 << 20
+CHUNK = 8 << 20
 
 # storage_options keys that hold credentials: accepted, used, never kept in a pickle or shown.
 SECRET_OPTIONS = frozenset({"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key",
                             "aws_session_token", "headers"})
-_S3_OPTIONS = frozenset({"endpoint_url", "region_name", "profile", "anon", "max_attempts", "connect_timeout",
+S3_OPTIONS = frozenset({"endpoint_url", "region_name", "profile", "anon", "max_attempts", "connect_timeout",
                          "read_timeout", "max_concurrency", "backoff", "max_backoff", "client", "part_size"}) | SECRET_OPTIONS
-
-
-class FetchError(OSError):
-    """A request that failed after its retry budget: names the URL, the last status, the attempts."""
-
-
-class ObjectChanged(OSError):
-    """The object was rewritten since it was listed (its version tag no longer matches)."""
-
-
-class Refused(PermissionError):
-    """401/403: the credentials were refused (a client asks its chain for new ones first)."""
-
-
-def _changed(url: Url, version: str) -> ObjectChanged:
-    return ObjectChanged(f"{url}: the object changed since the source was opened (it is no longer version "
-                         f"{version}); open the source again")
-
-
-def _refused(url: Url, label: str, renewable: bool) -> PermissionError:
-    more = ("; the credential chain gave no new credentials" if renewable else
-            "; check the credentials (environment, config files, instance role) and the bucket's policy")
-    return PermissionError(f"{url}: access denied ({label}){more}")
-
-
-class _Transient(Exception):
-    """A failure worth retrying (a reset, a timeout, a 5xx, throttling, a short body)."""
-
-    def __init__(self, status: str):
-        super().__init__(status)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -72,14 +42,14 @@ class RetryPolicy:
     max_backoff: float = 5.0
 
     def run(self, what: str, url: Url, fn: Callable[[], T], on_retry: Callable[[], None] | None = None) -> T:
-        """fn(), again after a jittered exponential backoff while it raises _Transient; after
+        """fn(), again after a jittered exponential backoff while it raises Transient; after
         `attempts` tries a FetchError naming the URL, the last status and the attempts."""
         last = ""
         for attempt in range(1, self.attempts + 1):
             try:
                 with quiet():  # no third-party debug log of the request (it holds credentials)
                     return fn()
-            except _Transient as e:
+            except Transient as e:
                 last = e.status
             if attempt < self.attempts:
                 if on_retry is not None:
@@ -88,7 +58,7 @@ class RetryPolicy:
         raise FetchError(f"{what} {url} failed after {self.attempts} attempts; last: {last}")
 
 
-def _check_options(options: Mapping[str, Any], allowed: frozenset, scheme: str) -> dict[str, Any]:
+def check_options(options: Mapping[str, Any], allowed: frozenset, scheme: str) -> dict[str, Any]:
     if not isinstance(options, Mapping):
         raise TypeError(f"storage_options must be a dict, got {type(options).__name__}")
     unknown = sorted(str(k) for k in options if k not in allowed)
@@ -109,7 +79,7 @@ def redacted_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in SECRET_OPTIONS}
 
 
-def _policy(options: Mapping[str, Any]) -> RetryPolicy:
+def retry_policy(options: Mapping[str, Any]) -> RetryPolicy:
     attempts = options.get("max_attempts", RetryPolicy.attempts)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"storage_options['max_attempts'] must be an integer >= 1, got {attempts!r}")
@@ -196,7 +166,7 @@ class BodyCheck:
     def finish(self, out: BinaryIO) -> None: ...
 
 
-def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | None, url: Url,
+def write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | None, url: Url,
                 check: BodyCheck | None = None) -> int:
     out.seek(0)
     out.truncate()
@@ -204,7 +174,7 @@ def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | Non
         check.start()
     n = 0
     while True:
-        chunk = read(_CHUNK)
+        chunk = read(CHUNK)
         if not chunk:
             break
         view = memoryview(chunk)
@@ -213,13 +183,13 @@ def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | Non
             check.feed(view)
         n += len(view)
     if expected is not None and n != expected:
-        raise _Transient(f"truncated body: {n} of {expected} bytes")
+        raise Transient(f"truncated body: {n} of {expected} bytes")
     if check is not None:
         out.flush()
         try:
             check.finish(out)
         except ValueError as e:
-            raise _Transient(f"corrupt body ({e})") from None
+            raise Transient(f"corrupt body ({e})") from None
     return n
 
 
@@ -232,8 +202,8 @@ class S3Client(Client):
         import botocore.config  # noqa: PLC0415
         from botocore import UNSIGNED  # noqa: PLC0415
 
-        opts = _check_options(options, _S3_OPTIONS, "s3")
-        self.policy = _policy(opts)
+        opts = check_options(options, S3_OPTIONS, "s3")
+        self.policy = retry_policy(opts)
         self.concurrency = int(opts.get("max_concurrency", 16))
         # Parts only when asked: boto3 reads each part's body through Python into a buffer, one
         # copy more than a whole object streamed to the file (obstore hands out its own buffer).
@@ -299,21 +269,21 @@ class S3Client(Client):
                     if status in (404,) or code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
                         raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
                     if status == 412 and version is not None:
-                        raise _changed(url, version) from None
+                        raise changed_error(url, version) from None
                     if status in (401, 403) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
                                                         "SignatureDoesNotMatch", "ExpiredToken"):
                         if attempt == 0 and self._renewed(generation):
                             continue
-                        raise _refused(url, label, self._chain is not None) from None
+                        raise refused_error(url, label, self._chain is not None) from None
                     if status >= 500 or status == 429 or code in ("SlowDown", "Throttling", "RequestTimeout"):
-                        raise _Transient(label) from None
+                        raise Transient(label) from None
                     raise OSError(f"{what} {url}: {label}") from None
                 except BotoCoreError as e:
                     # Connection resets, timeouts, short reads: the class names the failure without
                     # carrying request headers (which hold the signature) into the message.
-                    raise _Transient(type(e).__name__) from None
+                    raise Transient(type(e).__name__) from None
                 except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
-                    raise _Transient(type(e).__name__) from None
+                    raise Transient(type(e).__name__) from None
             raise AssertionError("unreachable")
 
         return self.policy.run(what, url, once)
@@ -358,7 +328,7 @@ class S3Client(Client):
                 answer["total"] = range_total(resp.get("ContentRange"))
             if version is not None and resp.get("ETag") and resp["ETag"] != version:  # a server that ignores IfMatch
                 resp["Body"].close()
-                raise _changed(url, version)
+                raise changed_error(url, version)
             body = resp["Body"]
             size = resp.get("ContentLength", expected)
             # botocore's body (its private _raw_stream) reads whole chunks: a trickle is cut by
@@ -367,11 +337,11 @@ class S3Client(Client):
             try:
                 with watched(lambda: raw.fileno(), started, body_limit(self._read_timeout, size)) as watch:
                     try:
-                        return _write_body(body.read, out, expected, url, check)
-                    except (urllib3.exceptions.HTTPError, BotoCoreError, _Transient) as e:
+                        return write_body(body.read, out, expected, url, check)
+                    except (urllib3.exceptions.HTTPError, BotoCoreError, Transient) as e:
                         if watch.fired:
-                            raise _Transient(watch.label) from None
-                        raise e if isinstance(e, _Transient) else _Transient(type(e).__name__) from None
+                            raise Transient(watch.label) from None
+                        raise e if isinstance(e, Transient) else Transient(type(e).__name__) from None
             finally:
                 body.close()
 

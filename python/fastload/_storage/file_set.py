@@ -175,9 +175,9 @@ class FileSet:
 
     def __init__(self, names: list[str], sizes: list[int], pins: list[tuple], folders: list[list[str]],
                  paths: list[str], *, client: Any = None, urls: Sequence[Url] = (), cache: Any = None,
-                 limit: int = 0):
+                 limit: int = 0, rels: Sequence[str] = ()):
         self.names, self.sizes, self.pins, self.folders, self.paths = names, sizes, pins, folders, paths
-        self.urls = list(urls)
+        self.urls, self._rels = list(urls), list(rels)  # URLs: each file's name in the cache folder
         self.client, self.cache, self.limit = client, cache, limit
         self.cache_dir = cache.root if cache is not None else None
         self._checks: list[Any] = [None] * len(names)
@@ -236,7 +236,19 @@ class FileSet:
         rels = [f"{k:06d}-{os.path.basename(u.key) or 'object'}" for k, u in enumerate(urls)]
         names = [str(u) for u in urls]
         return cls(names, list(sizes), [(n, s, t) for n, s, t in zip(names, sizes, tags)], folders,
-                   [cache.path(r) for r in rels], client=client, urls=urls, cache=cache, limit=limit)
+                   [cache.path(r) for r in rels], client=client, urls=urls, cache=cache, limit=limit, rels=rels)
+
+    @classmethod
+    def of_objects(cls, client: Any, urls: Sequence[Url], sizes: Sequence[int], versions: Sequence[str],
+                   rels: Sequence[str], root: str, limit: int) -> "FileSet":
+        """Objects already known, with their versions (a manifest names them and the listing
+        versioned them): fetched into root/rels[k] (a dataset directory's own layout)."""
+        from .cache import ObjectCache  # noqa: PLC0415
+
+        cache = ObjectCache(root, limit)
+        names = [str(u) for u in urls]
+        return cls(names, list(sizes), [(n, s, v) for n, s, v in zip(names, sizes, versions)], [[] for _ in names],
+                   [cache.path(r) for r in rels], client=client, urls=urls, cache=cache, limit=limit, rels=rels)
 
     # ------------------------------------------------------------------ what a source asks
     def __len__(self) -> int:
@@ -321,8 +333,8 @@ class FileSet:
             if self._fetcher is None:
                 if not self.fetched:
                     raise ValueError("these files are local: nothing is fetched")
-                entries = [Entry(u, os.path.basename(p), n, check, pin[2])
-                           for u, p, n, check, pin in zip(self.urls, self.paths, self.sizes, self._checks, self.pins)]
+                entries = [Entry(u, rel, n, check, pin[2])
+                           for u, rel, n, check, pin in zip(self.urls, self._rels, self.sizes, self._checks, self.pins)]
                 units = self._units or [[k] for k in range(len(entries))]
                 self._fetcher = Fetcher(self.client, self.cache, entries, units, self.limit)
                 if lazy_files is None:

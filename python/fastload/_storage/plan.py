@@ -17,7 +17,8 @@ _FIRST_STEPS = 4  # steps of a run's first window (then windows of _HORIZON samp
 
 
 def _fetcher_of(source: Any) -> Any:
-    get = getattr(source, "_remote_fetcher", None)
+    """The source's FileSet that follows the run's order (Source.stored_files()), or None."""
+    get = getattr(source, "stored_files", None)
     return get() if callable(get) else None
 
 
