@@ -21,7 +21,6 @@ from . import _C
 from ._arguments import as_int
 from ._config import MAX_STEPS, LoaderConfig
 from ._machine import memory_limit
-from ._sources.protocol import member
 from ._state import check_state, check_stream_state, make_state, make_stream_state
 from ._stats import SourceStats
 from ._stream import BLOCK_SIZE, WINDOW_SHARDS, Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text

@@ -25,13 +25,12 @@ from .client import (BodyCheck, Client, Refused, changed_error, check_options, r
                      range_total)
 from .credentials import BearerTokens, google_chain
 from .http import http_open, read_response
+from .options import ALLOWED, setting
 from .urls import Url
 
 T = TypeVar("T")
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
-_OPTIONS = frozenset({"endpoint_url", "anon", "token", "max_attempts", "connect_timeout", "read_timeout",
-                      "max_concurrency", "backoff", "max_backoff", "part_size"})
 
 
 class GcsClient(Client):
@@ -40,11 +39,11 @@ class GcsClient(Client):
     as given), and the retry and concurrency settings every client takes."""
 
     def __init__(self, options: Mapping[str, Any]):
-        opts = check_options(options, _OPTIONS, "gs")
+        opts = check_options(options, ALLOWED["gs"], "gs")
         self.policy = retry_policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
+        self.concurrency = setting(opts, "max_concurrency")
         configure_parts(self, opts, 0)  # parts only when asked: bodies are read through Python, as boto3's
-        self._timeout = float(opts.get("read_timeout", 60))
+        self._timeout = setting(opts, "read_timeout")
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         endpoint = opts.get("endpoint_url") or emulator or DEFAULT_ENDPOINT
         if "://" not in endpoint:  # STORAGE_EMULATOR_HOST may be host:port

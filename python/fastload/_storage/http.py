@@ -20,10 +20,10 @@ from typing import Any, BinaryIO, Iterable, Mapping
 from .client import (BodyCheck, Client, Refused, changed_error, check_options, retry_policy, Transient, write_body,
                      configure_parts, range_total)
 from .deadline import body_limit, watched
+from .options import ALLOWED, setting
 from .urls import Url
 
-HTTP_OPTIONS = frozenset({"headers", "max_attempts", "connect_timeout", "read_timeout", "max_concurrency",
-                          "backoff", "max_backoff", "part_size"})
+HTTP_OPTIONS = ALLOWED["http(s)"]
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
@@ -108,10 +108,10 @@ class HttpClient(Client):
     def __init__(self, options: Mapping[str, Any]):
         opts = check_options(options, HTTP_OPTIONS, "http(s)")
         self.policy = retry_policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
+        self.concurrency = setting(opts, "max_concurrency")
         configure_parts(self, opts, 0)  # a server may ignore Range and send it all: parts only when asked
         self._headers = dict(opts.get("headers") or {})
-        self._timeout = float(opts.get("read_timeout", 60))
+        self._timeout = setting(opts, "read_timeout")
         self._lock = threading.Lock()
         self.requests = 0
 

@@ -8,10 +8,12 @@ import re
 import threading
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
-from .client import (CHUNK, S3_OPTIONS, BodyCheck, Client, S3Client, changed_error, check_options, retry_policy, refused_error,
+from .boto3_s3 import S3Client
+from .client import (CHUNK, S3_OPTIONS, BodyCheck, Client, changed_error, check_options, retry_policy, refused_error,
                      Transient, write_body, configure_parts)
 from .credentials import aws_chain, obstore_s3_provider
 from .parts import DEFAULT_PART_SIZE
+from .options import setting
 from .urls import Url
 
 T = TypeVar("T")
@@ -38,7 +40,7 @@ class ObstoreS3Client(Client):
         self._options = opts  # for a listing obstore cannot make (list)
         self._obstore, self._store_type = obstore, S3Store
         self.policy = retry_policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
+        self.concurrency = setting(opts, "max_concurrency")
         configure_parts(self, opts, DEFAULT_PART_SIZE)
         endpoint = opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self._config: dict[str, Any] = {}
@@ -48,8 +50,8 @@ class ObstoreS3Client(Client):
         if region:
             self._config["region"] = region
         self._client_options = {"allow_http": bool(endpoint and endpoint.startswith("http:")),
-                                "connect_timeout": f"{float(opts.get('connect_timeout', 10))}s",
-                                "timeout": f"{float(opts.get('read_timeout', 60))}s"}
+                                "connect_timeout": f"{setting(opts, 'connect_timeout')}s",
+                                "timeout": f"{setting(opts, 'read_timeout')}s"}
         self._chain = None
         key, secret = opts.get("key", opts.get("aws_access_key_id")), opts.get("secret", opts.get("aws_secret_access_key"))
         if opts.get("anon"):
