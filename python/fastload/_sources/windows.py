@@ -166,20 +166,20 @@ def token_files(paths: Any, dtype: Any, row_shape: Sequence[int] = (), storage_o
     their names: local files mapped (map_token_files); objects as TokenFiles that the FileSet
     fetches, each pinned to the version seen now (a file rewritten since is an error naming it,
     never its new bytes beside the old ones of the files still cached)."""
-    from .._storage.file_set import FileSet, is_remote, redacted  # noqa: PLC0415
+    from .._storage.file_set import FileSet, redacted  # noqa: PLC0415
 
-    if not is_remote(paths):
-        FileSet.resolve(paths, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit,
-                        list_folders=False)  # refuses the options that are for URLs
-        return map_token_files(paths, dtype, row_shape), [os.fspath(p) for p in paths]
     try:
         dt = np.dtype(dtype)
     except TypeError:
         raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
+    # Local paths are kept as given (a list of files, stat'ed and mapped by map_token_files); a
+    # prefix or a list of URLs is listed (HEAD) and pinned now.
+    files = FileSet.resolve(paths, what="paths", salt=dt.str.encode(), list_folders=False,
+                            storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+    if not files.fetched:
+        return map_token_files(paths, dtype, row_shape), [os.fspath(p) for p in paths]
     shape = tuple(int(s) for s in row_shape)
     row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-    files = FileSet.resolve(paths, what="paths", salt=dt.str.encode(), storage_options=storage_options,
-                            cache_dir=cache_dir, cache_limit=cache_limit)
     for name, size in zip(files.names, files.sizes):
         if row == 0 or size % row:
             raise ValueError(f"{name}: {size} bytes is not a whole number of rows of {row} bytes ({dt} x {shape})")

@@ -60,9 +60,10 @@ def cache_limit_of(cache_limit: Any, root: str) -> int:
 
 def check_cache_holds(limit: int, largest: int, url: Any) -> None:
     """The one check, at open, that the cache holds the largest thing fetched at once."""
+    from .cache import cache_too_small  # noqa: PLC0415
+
     if largest > limit:
-        raise ValueError(f"cache_limit is {limit} bytes, smaller than the largest shard of {url} ({largest} bytes): "
-                         "raise cache_limit")
+        raise cache_too_small(limit, largest, f"smaller than the largest shard of {url} ({largest} bytes)")
 
 
 def redacted(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
