@@ -68,6 +68,10 @@ class Parquet:
         decode_threads: threads that decode the row groups the next batches need, ahead of
             the collation threads (default min(4, CPUs); 0: each row group is decoded by the
             first collation thread that needs it).
+        storage_options, cache_dir, cache_limit: for URLs (a prefix such as "s3://bucket/table/",
+            listed as a folder, or a list of URLs): client settings, where the cached files live
+            and their bound (see docs/object-storage.md). Paths and URLs resolve through one
+            FileSet (_storage/file_set.py); row groups are the shards either way.
 
     A Parquet source pickles (for spawned workers and DDP): the copy opens the files again by
     path, and refuses them if they were rewritten since this source opened them.
