@@ -122,6 +122,9 @@ py::dict info_dict(const image::DecodeInfo& i) {
 
 }  // namespace
 
+image::ImageSpec image_spec_from(const py::tuple& spec) { return spec_from(spec); }
+std::shared_ptr<const image::FallbackDecoder> image_fallback_from(const py::object& f) { return fallback_from(f); }
+
 void set_image_error(const std::string& message) {
   PyErr_SetString(g_image_error ? g_image_error : PyExc_RuntimeError, message.c_str());
 }
