@@ -212,3 +212,34 @@ def test_bad_class_text_is_refused_naming_the_key(tmp_path):
     ds = fl.Tar(write_shard(tmp_path / "s.tar", samples))
     with pytest.raises(Exception, match=r"key 'k2'.*not a decimal integer: 'seven'"):
         all_batches(ds)
+
+
+def test_every_suffix_of_the_type_table(tmp_path):
+    ints = ["cls", "cls2", "index", "idx", "id", "label"]
+    samples = [(f"k{i}", {**{s: f" {i * 10 + j}\n".encode() for j, s in enumerate(ints)},
+                          "text": f"t{i}".encode(), "jsn": b"[1, 2]", "pickle": b"\x80\x04N.", "pth": b"PK",
+                          "pt": b"\x80\x02", "webp": b"RIFF", "Seg.PNG": b"\x89PNG"}) for i in range(3)]
+    path = write_shard(tmp_path / "t.tar", samples)
+    with pytest.raises(ValueError, match="'index' is reserved by the loader"):  # the Loader's own name
+        all_batches(fl.Tar(path))
+    ds = fl.Tar(path, fields=[f for f in fl.Tar(path).fields if f != "index"])
+    b = all_batches(ds)[0]
+    for j, s in enumerate(ints):
+        if s == "index":
+            continue
+        assert str(b[s].dtype) == "torch.int64" and b[s].tolist() == [i * 10 + j for i in range(3)]
+    assert b["text"] == ["t0", "t1", "t2"] and b["jsn"] == [[1, 2]] * 3
+    for s in ("pickle", "pth", "pt", "webp", "seg.png"):  # pickles never unpickled; images without decode=
+        assert b[s] == [samples[0][1][s if s != "seg.png" else "Seg.PNG"]] * 3
+
+
+def test_an_image_that_does_not_decode_names_field_key_and_shard(tmp_path):
+    image_reference = pytest.importorskip("image_reference")
+    good = image_reference.encode(image_reference.photo(20, 20), "PNG")
+    samples = [(f"k{i}", {"png": good if i != 1 else b"\x89PNG\r\n\x1a\n broken"}) for i in range(3)]
+    path = write_shard(tmp_path / "img.tar", samples)
+    ds = fl.Tar(path, decode={"png": fl.Image(8, crop="center", layout="CHW")})
+    with pytest.raises(fl.ImageError, match=rf"field 'png' of key 'k1' of tar shard '{path}'"):
+        all_batches(ds)
+    ok = fl.Tar(write_shard(tmp_path / "ok.tar", [("a", {"png": good})]), decode={"png": fl.Image(8, layout="CHW")})
+    assert tuple(all_batches(ok)[0]["png"].shape) == (1, 3, 8, 8)

@@ -138,3 +138,16 @@ def test_bad_json_is_a_value_error_naming_the_field(tmp_path):
     ds = fl.Tar(write_shard(tmp_path / "j.tar", samples), fields=["json"])
     with pytest.raises(ValueError, match=r"field 'json' of row 1 of the batch is not JSON"):
         list(fl.Loader(ds, batch_size=3, shuffle=False, device="cpu"))
+
+
+@pytest.mark.parametrize("kind", ["bzip2", "xz", "zstd"])
+def test_other_compressions_are_refused_by_their_bytes(tmp_path, kind):
+    import bz2
+    import lzma
+    raw = pathlib.Path(shard(tmp_path)).read_bytes()
+    data = {"bzip2": lambda: bz2.compress(raw), "xz": lambda: lzma.compress(raw),
+            "zstd": lambda: b"\x28\xb5\x2f\xfd" + bytes(1020)}[kind]()
+    path = tmp_path / f"{kind}.tar"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=rf"is {kind}-compressed: a compressed tar has no random access"):
+        fl.Tar(str(path))
