@@ -22,29 +22,49 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, *, top_level_only: bool) -> set[str]:
-    """The fastload modules a file imports (`from . import x` counts x when x is a module)."""
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The import nodes under `if TYPE_CHECKING:` (never run: no cycle at run time)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            out.update(id(n) for child in node.body for n in ast.walk(child))
+    return out
+
+
+def _import_froms(path: Path, *, top_level_only: bool, typing_too: bool = True) -> list[tuple[str, ast.ImportFrom]]:
+    """(the fastload module named, the node) of each `from ... import ...` of a file."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(), str(path))
     nodes = tree.body if top_level_only else list(ast.walk(tree))
-    found: set[str] = set()
+    skip = set() if typing_too else _type_checking_only(tree)
+    out = []
     for node in nodes:
-        if isinstance(node, ast.ImportFrom):
+        if isinstance(node, ast.ImportFrom) and id(node) not in skip:
             if node.level:
                 base = package.split(".")
                 base = base[:len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if not target.startswith("fastload"):
-                continue
-            for alias in node.names:
-                sub = f"{target}.{alias.name}"
-                found.add(sub if sub in MODULES else target)
-        elif isinstance(node, ast.Import):
+            if target.startswith("fastload"):
+                out.append((target, node))
+    return out
+
+
+def _imports(path: Path, *, top_level_only: bool, typing_too: bool = True) -> set[str]:
+    """The fastload modules a file imports (`from . import x` counts x when x is a module)."""
+    found: set[str] = set()
+    for target, node in _import_froms(path, top_level_only=top_level_only, typing_too=typing_too):
+        for alias in node.names:
+            sub = f"{target}.{alias.name}"
+            found.add(sub if sub in MODULES else target)
+    tree = ast.parse(path.read_text(), str(path))
+    skip = set() if typing_too else _type_checking_only(tree)
+    for node in tree.body if top_level_only else ast.walk(tree):
+        if isinstance(node, ast.Import) and id(node) not in skip:
             found.update(a.name for a in node.names if a.name.startswith("fastload"))
-    found.discard(name)
+    found.discard(_module_name(path))
     return {m for m in found if m in MODULES}
 
 
@@ -52,8 +72,8 @@ FILES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 MODULES = set(FILES) | {"fastload._C"}
 
 
-def _graph(top_level_only: bool) -> dict[str, set[str]]:
-    return {m: _imports(p, top_level_only=top_level_only) for m, p in FILES.items()}
+def _graph(top_level_only: bool, typing_too: bool = True) -> dict[str, set[str]]:
+    return {m: _imports(p, top_level_only=top_level_only, typing_too=typing_too) for m, p in FILES.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -143,3 +163,62 @@ def test_a_failing_sample_raises_the_registered_class():
     with pytest.raises(fl.SampleError) as info:
         list(fl.Loader(Bad(), batch_size=4, num_threads=1))
     assert isinstance(info.value.__cause__, KeyError), info.value.__cause__
+
+
+@pytest.mark.parametrize("module", ["fastload._loader", "fastload._stats"])
+def test_the_loader_reaches_storage_only_through_the_source_protocol(module):
+    # The Loader asks a source its declared member stored_files() (via _sources/protocol.py);
+    # it never imports the object-storage layer itself, lazily or not.
+    graph = _graph(top_level_only=False)
+    storage = sorted(n for n in graph[module] if n == "fastload._storage" or n.startswith("fastload._storage."))
+    assert not storage, storage
+
+
+def test_no_module_imports_another_modules_private_names():
+    # `from .x import _y` across modules couples them through what x keeps private; a private
+    # module itself (`from . import _C`, `from .. import _lifecycle`) is a module, not a name.
+    found = []
+    for module, path in sorted(FILES.items()):
+        for target, node in _import_froms(path, top_level_only=False):
+            for alias in node.names:
+                name = alias.name
+                if name.startswith("_") and not name.startswith("__") and f"{target}.{name}" not in MODULES:
+                    found.append(f"{module}:{node.lineno} imports {name} from {target}")
+    assert not found, "\n".join(found)
+
+
+def test_imports_inside_functions_make_no_cycle_either():
+    # A lazy import hides a cycle from the module-level graph (it runs later), but the two modules
+    # still depend on each other. Imports under `if TYPE_CHECKING:` never run and are left out.
+    graph = _graph(top_level_only=False, typing_too=False)
+    graph = {m: {n for n in deps if n != "fastload"} for m, deps in graph.items()}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_source_protocol_declares_every_member_the_loader_asks():
+    # Every optional member read off a source by getattr/hasattr in the Loader's modules is one
+    # that protocol.OPTIONAL_MEMBERS declares with its default.
+    from fastload._sources.protocol import OPTIONAL_MEMBERS
+
+    asked = set()
+    for module in ("fastload._loader", "fastload._config", "fastload._schedules", "fastload._stats",
+                   "fastload._storage.plan", "fastload._sources.mix", "fastload._sources.pack"):
+        tree = ast.parse(FILES[module].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") \
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                    and getattr(node.args[0], "id", None) in ("source", "p", "s"):
+                asked.add(node.args[1].value)
+    assert asked <= set(OPTIONAL_MEMBERS) | {"__getitems__", "shard_rows"}, asked - set(OPTIONAL_MEMBERS)
+    assert {"default_order", "string_lists", "fingerprint", "check_fingerprint", "stored_files"} <= set(OPTIONAL_MEMBERS)
+
+
+def test_the_guards_find_what_they_forbid(tmp_path):
+    # The private-name and lazy-cycle guards see the patterns they forbid.
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    f = tmp_path / "m.py"
+    f.write_text("def g():\n    from .x import _y\nif TYPE_CHECKING:\n    from .z import w\n")
+    tree = ast.parse(f.read_text())
+    lazy = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert [a.name for n in lazy for a in n.names] == ["_y", "w"]
+    assert len(_type_checking_only(tree)) >= 2  # the If's import and its alias

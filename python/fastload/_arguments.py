@@ -7,7 +7,7 @@ import operator
 from typing import Any
 
 from . import _C
-from ._machine import INT64_MAX, _memory_limit, memory_limit  # noqa: F401 - re-exported
+from ._machine import INT64_MAX, memory_limit, read_memory_limit as _memory_limit  # noqa: F401 - re-exported
 
 # The sampler refuses a global batch (batch_size x world_size x devices) above this (sampler.h).
 MAX_GLOBAL_BATCH: int = _C.MAX_GLOBAL_BATCH
@@ -19,7 +19,7 @@ MAX_STREAMS = 1024
 MAX_SAMPLES = 2**62
 
 
-def _as_int(name: str, value: Any) -> int:
+def as_int(name: str, value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     try:

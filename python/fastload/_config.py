@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from . import _C
-from ._arguments import _as_int, check_batch_limits, check_loader_limits
+from ._arguments import as_int, check_batch_limits, check_loader_limits
 from ._environment import default_num_threads, resolve_device, resolve_rank
 from ._machine import memory_limit
+from ._sources.protocol import member
 
 EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
 ORDER: tuple[str, ...] = tuple(_C.ORDERS)
@@ -78,10 +79,10 @@ def check_arguments(*, batch_size: Any, seed: Any = 0, shuffle: Any = False, dro
                     num_workers: Any = None, workers: Any = None, timeout: Any = None) -> Arguments:
     """Checks each argument once (a ValueError or TypeError naming it and its value). `streams` is
     the old name of `copy_streams`: accepted with a FutureWarning."""
-    batch_size = _as_int("batch_size", batch_size)
+    batch_size = as_int("batch_size", batch_size)
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    seed = _as_int("seed", seed)
+    seed = as_int("seed", seed)
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}")
     for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("with_index", with_index)):
@@ -92,11 +93,11 @@ def check_arguments(*, batch_size: Any, seed: Any = 0, shuffle: Any = False, dro
     if even not in EVEN:
         raise ValueError(f"even must be one of {EVEN}, got {even!r}")
     if steps is not None:
-        steps = _as_int("steps", steps)
+        steps = as_int("steps", steps)
         if not 0 < steps <= MAX_STEPS:
             raise ValueError(f"steps must be a positive number of batches (at most 2**62), got {steps}")
     if prefetch is not None:
-        prefetch = _as_int("prefetch", prefetch)
+        prefetch = as_int("prefetch", prefetch)
         if prefetch <= 0:
             raise ValueError(f"prefetch must be positive, got {prefetch}")
     copy_streams = _copy_streams(copy_streams, streams)
@@ -105,7 +106,7 @@ def check_arguments(*, batch_size: Any, seed: Any = 0, shuffle: Any = False, dro
                          f"batches); give one, got num_threads={num_threads!r} and num_workers={num_workers!r}")
     threads_given = num_workers if num_threads is None else num_threads
     threads_name = "num_threads" if num_workers is None else "num_workers"
-    threads = default_num_threads() if threads_given is None else _as_int(threads_name, threads_given)
+    threads = default_num_threads() if threads_given is None else as_int(threads_name, threads_given)
     if threads <= 0:
         raise ValueError(f"{threads_name} must be positive, got {threads}"
                          + (" (fastload has no main-process mode: 1 runs one worker thread)" if threads == 0 else ""))
@@ -148,7 +149,7 @@ def _copy_streams(copy_streams: Any, streams: Any) -> int:
         warnings.warn("fastload.Loader(streams=) is renamed copy_streams=; streams= will be removed",
                       FutureWarning, stacklevel=4)
         copy_streams, name = streams, "streams"
-    value = _as_int(name, copy_streams)
+    value = as_int(name, copy_streams)
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
@@ -235,7 +236,7 @@ def resolve(args: Arguments, source: Any, *, rank: Any = None, world_size: Any =
     # A stream's steps are always full: a source that runs out starts its next epoch within the batch.
     # fl.Pack: an epoch's packed rows are not len(source) (its documents); and with_index adds its
     # "documents" part to the native source.
-    packs = getattr(source, "packs_rows", False)
+    packs = member(source, "packs_rows")
     max_rows = args.batch_size if stepped or packs else min(args.batch_size, len(source))
     native = source.native_source(with_documents=True) if packs and args.with_index else source.native_source()
     layout = _C.BatchLayout(native, max_rows, args.with_index, args.even == "mask", with_source)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._arguments import MAX_THREADS, _as_int
+from ._arguments import MAX_THREADS, as_int
 from ._machine import env_int, local_world_size, torch_sees_gpu, usable_cpus  # noqa: F401 - re-exported
 
 
@@ -18,7 +18,7 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
         given = "rank" if rank is not None else "world_size"
         raise ValueError(f"rank and world_size must be given together, got only {given}")
     if rank is not None:  # explicit values win, even over a process_group
-        rank, world_size = _as_int("rank", rank), _as_int("world_size", world_size)
+        rank, world_size = as_int("rank", rank), as_int("world_size", world_size)
         source = "argument"
     elif process_group is not None:
         import torch.distributed as dist

@@ -22,11 +22,11 @@ from ._environment import resolve_device
 from ._machine import torch_sees_gpu
 from ._sources.mix import Mix
 from ._sources.python import PythonSource
+from ._pack_schedule import make_pack_schedule
 from ._schedules import Schedule, make_schedule
 from ._sources.workers import WorkerProcesses
-from ._sources.protocol import as_source, check_fingerprint, fingerprint
+from ._sources.protocol import as_source, attach_storage, check_fingerprint, fingerprint, follow_run, member
 from ._stats import LoaderStats
-from ._storage.plan import attach_loader, follow_run
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
 # csrc/bindings/loader_binding.h): a Ctrl-C can never fall between taking a batch and handing it
@@ -149,7 +149,7 @@ class Loader:
                                worker_init_fn=worker_init_fn, seed=args.seed)
         args = python_options(args, source if isinstance(source, PythonSource) else None)
         if args.order is None:  # "random", or what the source reads best (Parquet: "block" over its row groups)
-            args = replace(args, order=getattr(source, "default_order", "random"))
+            args = replace(args, order=member(source, "default_order"))
         with_source = self._mix is not None and self._mix.with_source
         self._check_python_options(source, args.workers, args.with_index, args.even, with_source)
         self._config: LoaderConfig = resolve(args, source, rank=rank, world_size=world_size,
@@ -170,7 +170,8 @@ class Loader:
         # Loader methods may be called from several threads: epochs and state change under it.
         self._lock = threading.RLock()
         # Which batches each iter() runs, where the loader stands, and the resume state.
-        self._schedule: Schedule = make_schedule(config, source, self._lock, self._mix)
+        self._schedule: Schedule = (make_pack_schedule(config, source, self._lock) if member(source, "packs_rows")
+                                    else make_schedule(config, source, self._lock, self._mix))
         self._fail_at_batch = -1  # test hook: a collation thread raises on this batch
         # Test hook: GPU batches as raw device parts read back through the driver (the stand-in
         # driver's "device" memory is host memory that torch cannot import as CUDA).
@@ -183,7 +184,7 @@ class Loader:
         self._test_stream = 0
         # Object storage: a cache_limit below the shards one step reads is an error now, and the
         # fetchers' threads start.
-        self._storage = attach_loader(self._schedule.run_order(), self.config.order, self.config.num_threads)
+        self._storage = attach_storage(self._schedule.run_order(), self.config.order, self.config.num_threads)
         _lifecycle.register(self)
 
     @staticmethod

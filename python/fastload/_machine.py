@@ -156,3 +156,7 @@ def _cgroup_mounts(proc_root: str, sys_root: str) -> dict[str, list[tuple[str, s
     except OSError:
         found = {"v2": [(sys_root, "/")], "v1": [(os.path.join(sys_root, "memory"), "/")]}
     return found
+
+
+# The memory limit read from given roots (tests of _arguments read fake /proc and cgroup trees).
+read_memory_limit = _memory_limit

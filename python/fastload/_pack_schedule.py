@@ -21,8 +21,8 @@ import numpy as np
 from . import _C
 from ._config import LoaderConfig
 from ._machine import memory_limit
-from ._schedules import EpochSchedule, RunOrder, Schedule, _epoch_arg, _step_range
-from ._state import _state_bool, _state_int
+from ._schedules import EpochSchedule, RunOrder, Schedule, epoch_arg, step_range
+from ._state import state_bool, state_int
 from ._stats import PackingStats
 from ._stream import BLOCK_SIZE, WINDOW_SHARDS
 
@@ -81,7 +81,7 @@ class PackEpochSchedule(EpochSchedule):
     def plan(self, epoch: Any, steps: Any) -> np.ndarray:
         if steps is not None:
             raise ValueError("plan(steps=...) is for a loader with steps=; this one runs epochs: plan(epoch)")
-        return self.samplers(1)[0].plan(_epoch_arg(epoch), 0, memory_limit())
+        return self.samplers(1)[0].plan(epoch_arg(epoch), 0, memory_limit())
 
     def start(self, engine: Any, prepared: tuple[int, int], devices: int, fail_at: int, indices: list[int]) -> Any:
         epoch, start = prepared
@@ -104,7 +104,7 @@ class PackEpochSchedule(EpochSchedule):
         if isinstance(state, dict) and "position" in state:
             _check_packing(state, self.source)
             # Positions count packed rows, which split="split" can make more than documents.
-            position = _state_int(state, "position", 0, 2**62, "2**62")
+            position = state_int(state, "position", 0, 2**62, "2**62")
             super().load_state_dict({**{k: v for k, v in state.items() if k != "packing"}, "position": 0})
             self.pending = (self.pending[0], position)
             return
@@ -160,7 +160,7 @@ class PackStepSchedule(Schedule):
         if epoch is not None:
             raise ValueError(f"a loader with steps= has no epochs: plan() gives all {self.config.steps} steps, "
                              f"plan(steps=(first, end)) a range; got epoch={epoch!r}")
-        first, end = (0, self.config.steps) if steps is None else _step_range(steps)
+        first, end = (0, self.config.steps) if steps is None else step_range(steps)
         c = self.config
         with self.lock:
             g, origin, position = self.anchor_for(c.global_batch(), self.next_step())
@@ -222,15 +222,15 @@ class PackStepSchedule(Schedule):
                              f"{len(self.source)}: refusing to resume on other data")
         _check_packing(state, self.source)
         c = self.config
-        if _state_bool(state, "shuffle") != c.shuffle or (c.shuffle and state["order"] != c.order):
+        if state_bool(state, "shuffle") != c.shuffle or (c.shuffle and state["order"] != c.order):
             raise ValueError(f"state was saved with shuffle={state['shuffle']}, order={state['order']!r}; this loader "
                              f"has shuffle={c.shuffle}, order={c.order!r}: the order would differ")
-        step = _state_int(state, "step", 0, 2**62, "2**62")
-        position = _state_int(state, "position", 0, 2**62, "2**62")
-        epoch = _state_int(state, "epoch", 0, 2**62, "2**62")
-        epoch_start = _state_int(state, "epoch_start", 0, position, "the state's position")
-        g = _state_int(state, "global_batch_size", 1, _C.MAX_GLOBAL_BATCH, "2**40")
-        self.seed = _state_int(state, "seed", 0, 2**64 - 1, "2**64 - 1")
+        step = state_int(state, "step", 0, 2**62, "2**62")
+        position = state_int(state, "position", 0, 2**62, "2**62")
+        epoch = state_int(state, "epoch", 0, 2**62, "2**62")
+        epoch_start = state_int(state, "epoch_start", 0, position, "the state's position")
+        g = state_int(state, "global_batch_size", 1, _C.MAX_GLOBAL_BATCH, "2**40")
+        self.seed = state_int(state, "seed", 0, 2**64 - 1, "2**64 - 1")
         self.supersede()
         self.anchor = (g, step, position)
         self.base = (epoch, epoch_start)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _C
-from ._arguments import _as_int
+from ._arguments import as_int
 from ._config import MAX_STEPS, LoaderConfig
 from ._machine import memory_limit
 from ._state import check_state, check_stream_state, make_state, make_stream_state
@@ -26,19 +26,19 @@ from ._stats import SourceStats
 from ._stream import BLOCK_SIZE, WINDOW_SHARDS, Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
 
 
-def _epoch_arg(epoch: Any) -> int:
+def epoch_arg(epoch: Any) -> int:
     if epoch is None:
         raise TypeError("plan() needs the epoch: plan(epoch)")
-    epoch = _as_int("epoch", epoch)
+    epoch = as_int("epoch", epoch)
     if epoch < 0:
         raise ValueError(f"epoch must be non-negative, got {epoch}")
     return epoch
 
 
-def _step_range(steps: Any) -> tuple[int, int]:
+def step_range(steps: Any) -> tuple[int, int]:
     if not isinstance(steps, (tuple, list)) or len(steps) != 2:
         raise ValueError(f"steps must be (first, end), a range of global steps, got {steps!r}")
-    first, end = _as_int("steps[0]", steps[0]), _as_int("steps[1]", steps[1])
+    first, end = as_int("steps[0]", steps[0]), as_int("steps[1]", steps[1])
     if not 0 <= first <= end <= MAX_STEPS:
         raise ValueError(f"steps must be (first, end) with 0 <= first <= end, got {steps!r}")
     return first, end
@@ -238,10 +238,10 @@ class EpochSchedule(Schedule):
     def plan(self, epoch: Any, steps: Any) -> np.ndarray:
         if steps is not None:
             raise ValueError("plan(steps=...) is for a loader with steps= (or a Mix); this one runs epochs: plan(epoch)")
-        return self.samplers(1)[0].plan(_epoch_arg(epoch), 0, memory_limit())
+        return self.samplers(1)[0].plan(epoch_arg(epoch), 0, memory_limit())
 
     def set_epoch(self, epoch: Any) -> None:
-        epoch = _as_int("epoch", epoch)
+        epoch = as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self.lock:
@@ -516,7 +516,7 @@ class StepSchedule(StreamSchedule):
         if epoch is not None:
             raise ValueError(f"a loader with steps= has no epochs: plan() gives all {self.config.steps} steps, "
                              f"plan(steps=(first, end)) a range; got epoch={epoch!r}")
-        return (0, self.config.steps) if steps is None else _step_range(steps)
+        return (0, self.config.steps) if steps is None else step_range(steps)
 
     def _standing(self, anchor: Anchor) -> tuple[int, int, int | None]:
         return 0, 0, None
@@ -534,7 +534,7 @@ class MixSchedule(StreamSchedule):
         return self.runs.steps_per_epoch(self.config.global_batch(self.outputs))
 
     def set_epoch(self, epoch: Any) -> None:
-        epoch = _as_int("epoch", epoch)
+        epoch = as_int("epoch", epoch)
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         with self.lock:
@@ -551,8 +551,8 @@ class MixSchedule(StreamSchedule):
 
     def _plan_range(self, epoch: Any, steps: Any) -> tuple[int, int]:
         if steps is not None:
-            return _step_range(steps)
-        epoch = _epoch_arg(epoch)
+            return step_range(steps)
+        epoch = epoch_arg(epoch)
         spe = self.runs.steps_per_epoch(self.config.global_batch())
         return epoch * spe, (epoch + 1) * spe
 
@@ -566,12 +566,8 @@ class MixSchedule(StreamSchedule):
 
 
 def make_schedule(config: LoaderConfig, source: Any, lock: threading.RLock, mix: Any = None) -> Schedule:
-    """The mode of a Loader: steps= (over one source or a Mix), a Mix's epochs, or plain epochs;
-    over fl.Pack's packed rows, its own schedules (_pack_schedule.py)."""
-    if getattr(source, "packs_rows", False):
-        from ._pack_schedule import make_pack_schedule  # noqa: PLC0415 - it builds on this module
-
-        return make_pack_schedule(config, source, lock)
+    """The mode of a Loader: steps= (over one source or a Mix), a Mix's epochs, or plain epochs
+    (fl.Pack's packed rows have their own: _pack_schedule.make_pack_schedule)."""
     if not config.stepped:
         return EpochSchedule(config, source, lock)
     sources = mix.stream_sources() if mix is not None else StreamSources.single(source)

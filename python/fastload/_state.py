@@ -196,3 +196,7 @@ def check_stream_state(state: Any, *, names: list[str], num_samples: list[int], 
         "weights": parse_weights(schedule["weights"], n),
         "positions": _int_list(state, "['positions']", state["positions"], n, 2**62),
     }
+
+
+# The readers of a saved state's fields, for the other schedules' states (_pack_schedule.py).
+state_bool, state_int = _state_bool, _state_int

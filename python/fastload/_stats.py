@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._storage.fetcher import StorageStats
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ class LoaderStats:
     user_s: float = 0.0
     sources: dict[str, SourceStats] = field(default_factory=dict)
     left_behind_threads: int = 0
-    storage: "StorageStats | None" = None
+    storage: Any = None  # _storage/stats.py's StorageStats, or None: nothing read from object storage
     packing: PackingStats | None = None
 
     @property

@@ -8,16 +8,16 @@ import copy
 import os
 from typing import Any, Mapping, Sequence
 
-from .._arguments import _as_int
+from .._arguments import as_int
 from .columns import (RESERVED_NAMES, ColumnSpec, ColumnState, array_source, check_column_state, column_state,
                        dtype_name, reduce_column, restore_column)
 from .shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
                       reduce_value, restore_value, stored_column)
 from .protocol import declare_shards as _declare_shards  # noqa: F401 - tests declare shards through here
 from .protocol import redeclare as _redeclare
-from .windows import TokenFiles, describe_windows, map_token_files
+from .windows import TokenFiles, describe_windows, restore_token_files, token_files
 
-__all__ = ["Dataset", "Windows", "_as_int"]
+__all__ = ["Dataset", "Windows", "as_int"]
 
 
 class Dataset:
@@ -181,10 +181,10 @@ class Windows:
     """
 
     def __init__(self, tokens: Any, length: int, stride: int | None = None):
-        length = _as_int("length", length)
+        length = as_int("length", length)
         if length <= 0:
             raise ValueError(f"length must be positive, got {length}")
-        stride = length if stride is None else _as_int("stride", stride)
+        stride = length if stride is None else as_int("stride", stride)
         if stride <= 0:
             raise ValueError(f"stride must be positive, got {stride}")
         # A list is copied (its arrays are the user's): the shard structure is fixed from here on.
@@ -216,32 +216,22 @@ class Windows:
             storage_options, cache_dir, cache_limit: for URLs (a prefix "s3://bucket/tokens/", whose
                 objects are read in name order, or a list of URLs): see docs/object-storage.md.
         """
-        from .._storage import is_url  # noqa: PLC0415
-
-        if is_url(paths) or (isinstance(paths, (list, tuple)) and any(is_url(p) for p in paths)):
-            from .remote import remote_token_files  # noqa: PLC0415 - loads boto3
-
-            files = remote_token_files(paths, dtype, row_shape, storage_options, cache_dir, cache_limit)
-            source = cls(files, length, stride)
-            source.files = [str(u) for u in files._reduced[0]]
-            return source
-        if storage_options is not None or cache_dir is not None or cache_limit is not None:
-            raise ValueError("storage_options, cache_dir and cache_limit are for URLs (s3://, https://), not local paths")
-        source = cls(map_token_files(paths, dtype, row_shape), length, stride)
-        source.files = [os.fspath(p) for p in paths]
+        tokens, names = token_files(paths, dtype, row_shape, storage_options, cache_dir, cache_limit)
+        source = cls(tokens, length, stride)
+        source.files = names
         return source
 
-    def _remote_fetcher(self) -> Any:
-        """The fetcher of token files in object storage (None for local data): the Loader gives
-        it this rank's plan."""
-        return getattr(self._tokens, "fetcher", None)
+    def stored_files(self) -> Any:
+        """The FileSet of token files in object storage, which follows the run's order (None for
+        local data)."""
+        return self._tokens.stored if isinstance(self._tokens, TokenFiles) else None
 
     def storage_stats(self) -> Any:
         """For token files in object storage: bytes fetched, requests, hits, misses, waits."""
-        fetcher = self._remote_fetcher()
-        if fetcher is None:
+        files = self.stored_files()
+        if files is None:
             raise ValueError("storage_stats() is for Windows.from_files over URLs; these tokens are local")
-        return fetcher.stats()
+        return files.stats()
 
     @property
     def shard_rows(self) -> list[int] | None:
@@ -331,13 +321,8 @@ class Windows:
 def _restore_windows(tokens: Any, length: int, stride: int, files: list[str] | None = None,
                      declared: list[int] | None = None) -> Windows:
     # A from_files Windows travels by its files (memmaps by name); each is mapped again here.
-    if isinstance(tokens, tuple) and tokens[0] == "remote_token_files":
-        from .remote import restore_token_files  # noqa: PLC0415
-
+    if isinstance(tokens, tuple) and tokens[0] in ("token_files", "remote_token_files"):
         arrays: Any = restore_token_files(tokens)
-    elif isinstance(tokens, tuple) and tokens[0] == "token_files":
-        _, paths, dtype, row_shape = tokens
-        arrays = map_token_files(paths, dtype, row_shape)
     else:
         arrays = [restore_column(t) for t in tokens] if isinstance(tokens, list) else restore_column(tokens)
     w = Windows(arrays, length, stride)

@@ -97,7 +97,7 @@ def describe_array(name: str, array: Any, what: str = "column") -> ColumnSpec:
     if array.ndim == 0:
         raise ValueError(f"{what} {name!r} must have at least one dimension (one row per sample), got a 0-d array")
     dtype = array.dtype
-    code = _numpy_dl_code(dtype)
+    code = numpy_dl_code(dtype)
     if code is None:
         raise TypeError(f"{what} {name!r} has unsupported dtype {dtype}; fastload takes bool and numeric dtypes "
                         f"(bfloat16 from ml_dtypes included)")
@@ -114,7 +114,7 @@ def describe_array(name: str, array: Any, what: str = "column") -> ColumnSpec:
     return ColumnSpec(name, array, _np_address(array), rows, pitch, row_bytes, code, dtype.itemsize * 8, row_shape)
 
 
-def _numpy_dl_code(dtype: np.dtype) -> int | None:
+def numpy_dl_code(dtype: np.dtype) -> int | None:
     """The DLPack type code of a numpy dtype fastload can move, or None."""
     if dtype.byteorder == ">" or dtype.fields is not None:
         return None

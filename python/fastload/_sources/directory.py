@@ -168,7 +168,7 @@ def _is_regular(mode: int) -> bool:
     return stat.S_ISREG(mode)
 
 
-def _check_offsets(col: "_Column", k: int, offsets_file: Any, o: np.ndarray, items: int, when: str) -> None:
+def _check_offsets(col: "Column", k: int, offsets_file: Any, o: np.ndarray, items: int, when: str) -> None:
     """A ragged shard's offsets run non-decreasing from 0 to its values' rows, and no row is longer
     than the manifest's `longest`; DatasetError naming the column, the shard, the row and the file."""
     where = f"ragged column {col.name!r}, shard {k} ({offsets_file.path})"
@@ -183,19 +183,19 @@ def _check_offsets(col: "_Column", k: int, offsets_file: Any, o: np.ndarray, ite
                            f"or pass max_length{when}")
 
 
-class _Column:
+class Column:
     def __init__(self, name: str, kind: str, dtype: np.dtype, row_shape: tuple[int, ...], longest: int):
         self.name, self.kind, self.dtype, self.row_shape, self.longest = name, kind, dtype, row_shape, longest
         self.files: list[Any] = []  # per shard: _File, or (values _File, offsets _File)
 
 
-def _cut_is_asked(col: _Column, cap: Any) -> bool:
+def _cut_is_asked(col: Column, cap: Any) -> bool:
     """Whether `cap`, a column's max_length, is at or below its manifest's `longest`: then every
     row it cuts is cut because the user asked (a max_length the Ragged refuses is not)."""
     return cap is not None and not isinstance(cap, bool) and isinstance(cap, int) and 0 <= cap <= col.longest
 
 
-def _per_column(option: str, value: Any, name: str, names: list[str]) -> Any:
+def per_column(option: str, value: Any, name: str, names: list[str]) -> Any:
     if isinstance(value, Mapping):
         unknown = set(value) - set(names)
         if unknown:
@@ -227,7 +227,7 @@ class _Replaced(Exception):
 
 class _Opened(NamedTuple):
     manifest: dict[str, Any]
-    columns: list[_Column]
+    columns: list[Column]
     rows: list[int]  # per shard
     total: int
     directory: tuple[int, int]  # the directory's (st_dev, st_ino)
@@ -250,7 +250,7 @@ def _load_once(root: str, retry: bool = True) -> _Opened:
         try:
             text = read_regular(dir_fd, MANIFEST, _MAX_MANIFEST_BYTES)
             manifest = parse(text)
-            columns, rows, total = _layout(root, manifest, lambda f: f.stat_at_open(dir_fd))
+            columns, rows, total = read_layout(root, manifest, lambda f: f.stat_at_open(dir_fd))
         except FileNotFoundError:
             raise DatasetError(f"{mpath} is missing: {root} is not a fastload dataset directory, "
                                "or its write never finished") from None
@@ -276,7 +276,7 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[_Column], list[int], int]:
+def read_layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[Column], list[int], int]:
     """The columns and shards the manifest describes, every field checked (raises Bad), each file
     passed to stat_file as soon as its entry is read."""
     total = want_int(manifest.get("rows"), "rows", low=1)
@@ -296,7 +296,7 @@ def _layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[list[_
         if kind not in ("fixed", "ragged"):
             raise Bad(f"{field}.kind", f"must be 'fixed' or 'ragged', got {kind!r}")
         longest = want_int(c.get("longest"), f"{field}.longest") if kind == "ragged" else 0
-        columns.append(_Column(name, kind, want_dtype(c.get("dtype"), f"{field}.dtype"),
+        columns.append(Column(name, kind, want_dtype(c.get("dtype"), f"{field}.dtype"),
                                want_shape(c.get("row_shape"), f"{field}.row_shape"), longest))
     check_names([c.name for c in columns], [c.kind == "ragged" for c in columns])
     shards = want(manifest.get("shards"), list, "shards", "a list of shards")
@@ -356,8 +356,8 @@ class DiskDataset:
         self._shard_sizes = rows
         self._rows = total
         ragged = [c.name for c in columns if c.kind == "ragged"]
-        self._pad = {n: _per_column("pad", pad, n, ragged) for n in ragged}
-        self._max_length = {n: _per_column("max_length", max_length, n, ragged) for n in ragged}
+        self._pad = {n: per_column("pad", pad, n, ragged) for n in ragged}
+        self._max_length = {n: per_column("max_length", max_length, n, ragged) for n in ragged}
         self._shard_rows = rows if len(rows) > 1 else None
         self._real_shards = self._shard_rows is not None
         # Per column, per shard: the mapped array, or (values, offsets); made at the first need. Or,
@@ -411,7 +411,7 @@ class DiskDataset:
                 self._maps = maps
             return self._maps
 
-    def _check_longest(self, col: _Column, arrays: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def _check_longest(self, col: Column, arrays: list[tuple[np.ndarray, np.ndarray]]) -> None:
         """The slot of a ragged column is the manifest's `longest` unless max_length cuts below it:
         then a longer row would be cut without a word. The offsets (8 bytes a row) are read once,
         when the shards are first mapped, to rule that out; a max_length at or below `longest`
@@ -511,7 +511,7 @@ class DiskDataset:
 
     @property
     def names(self) -> list[str]:
-        return output_names([_NameOnly(c.name, c.kind == "ragged") for c in self._disk_columns])
+        return output_names([NameOnly(c.name, c.kind == "ragged") for c in self._disk_columns])
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}{' ragged' if c.kind == 'ragged' else ''}"
@@ -539,7 +539,7 @@ class _LazyShards:
     """A directory's shards past the mapping budget: every file in one LazyTable (in the order of
     DiskDataset._all_files), and per column the file of each shard (a ragged one: values, offsets)."""
 
-    def __init__(self, columns: list[_Column], files: list[_File]):
+    def __init__(self, columns: list[Column], files: list[_File]):
         self.table = LazyTable([f.path for f in files], [f.offset for f in files], [f.nbytes for f in files],
                                [f.identity for f in files])
         self.ids: list[Any] = []
@@ -550,7 +550,7 @@ class _LazyShards:
             self.ids.append(np.arange(k, k + per * n, dtype=np.int32).reshape(n, per))
             k += per * n
 
-    def spec(self, col: _Column, k: int, shard_rows: list[int], pad: dict, max_length: dict) -> ColumnSpec:
+    def spec(self, col: Column, k: int, shard_rows: list[int], pad: dict, max_length: dict) -> ColumnSpec:
         ids = self.ids[k]
         empty = np.empty((0,) + col.row_shape, dtype=col.dtype)  # the dtype and row shape, no data
         if col.kind == "fixed":
@@ -566,7 +566,11 @@ class _LazyShards:
         return template._describe_lazy(col.name, shard_rows, items, self.table, lazy)
 
 
-class _NameOnly:
+# A dataset's lazily mapped shards by a public name (the class keeps its name: repr and tests show it).
+LazyShards = _LazyShards
+
+
+class NameOnly:
     def __init__(self, name: str, ragged: bool):
         self.name, self.ragged = name, (1,) if ragged else ()
 

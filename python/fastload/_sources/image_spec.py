@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _C
-from .._arguments import INT64_MAX, _as_int
+from .._arguments import INT64_MAX, as_int
 
 __all__ = ["Image", "ImageError", "image_backends", "DEFAULT_MAX_PIXELS"]
 
@@ -34,7 +34,7 @@ def _size(value: Any, name: str = "size") -> tuple[int, int]:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         pair = (int(value), int(value))
     elif isinstance(value, (tuple, list)) and len(value) == 2:
-        pair = (_as_int(f"{name}[0]", value[0]), _as_int(f"{name}[1]", value[1]))
+        pair = (as_int(f"{name}[0]", value[0]), as_int(f"{name}[1]", value[1]))
     else:
         raise TypeError(f"{name} must be an int or a (height, width) pair, got {value!r}")
     if not all(0 < v <= _MAX_SIDE for v in pair):
@@ -106,7 +106,7 @@ class Image:
         if resize is not None and crop != "center":
             raise ValueError(f"resize applies to crop='center' (the shorter side before the crop), not crop={crop!r}")
         if crop == "center":
-            resize = round(max(pair) / 0.875) if resize is None else _as_int("resize", resize)  # type: ignore[arg-type]
+            resize = round(max(pair) / 0.875) if resize is None else as_int("resize", resize)  # type: ignore[arg-type]
             if not 0 < resize <= _MAX_SIDE:
                 raise ValueError(f"resize must be positive and at most {_MAX_SIDE}, got {resize}")
         if isinstance(flip, bool) or not isinstance(flip, numbers.Real) or not 0.0 <= float(flip) <= 1.0:
@@ -114,7 +114,7 @@ class Image:
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
         if max_pixels is not None:
-            max_pixels = _as_int("max_pixels", max_pixels)
+            max_pixels = as_int("max_pixels", max_pixels)
             if max_pixels <= 0:
                 raise ValueError(f"max_pixels must be positive (or None for no limit), got {max_pixels}")
         if fallback not in _FALLBACKS:

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from .. import _C
 from .._mix_quota import normalised
 from .python import PythonSource, id_offset
-from .protocol import Source, check_map_style
+from .protocol import Source, check_map_style, member
 from .._stream import StreamSources
 
 __all__ = ["Mix"]
@@ -90,7 +90,7 @@ class Mix:
         from .arrow import Arrow, is_arrow_data  # noqa: PLC0415
 
         parts = [Arrow(p) if is_arrow_data(p) and not isinstance(p, Source) else p for p in parts]
-        lists = [list(getattr(p, "string_lists", None) or []) for p in parts]
+        lists = [list(member(p, "string_lists") or []) for p in parts]
         for n, got in zip(names[1:], lists[1:]):
             if got != lists[0]:  # a batch's string lists are each source's rows' lists end to end
                 raise ValueError(f"Mix source {n!r} gives string columns {got} as lists of values, source "
@@ -119,7 +119,7 @@ class Mix:
                                 "in one Mix (weights multiply)")
             if isinstance(p, PythonSource):
                 raise TypeError(f"Mix source {name!r} is a fastload.PythonSource: pass the dataset itself")
-            if getattr(p, "packs_rows", False):
+            if member(p, "packs_rows"):
                 raise TypeError(f"Mix source {name!r} is an fl.Pack: a Mix of packed sources is not supported (each "
                                 "epoch's number of packed rows depends on its order of documents); pack one source, "
                                 "or concatenate the datasets before packing")

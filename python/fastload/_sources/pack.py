@@ -15,8 +15,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import _C
-from .._arguments import _as_int
+from .._arguments import as_int
 from .arrow import Arrow, is_arrow_data
+from .protocol import check_fingerprint, fingerprint, member, stored_files
 from .ragged import stored_scalar
 
 __all__ = ["Pack"]
@@ -61,8 +62,7 @@ def _check_inner(source: Any) -> Any:
     if not isinstance(source, (Arrow, Parquet, Dataset, DiskDataset)):
         raise TypeError(f"fl.Pack packs the list columns of fl.Arrow (or a Hugging Face dataset), fl.Parquet, "
                         f"fl.Dataset with fl.Ragged columns or a dataset directory; got {type(source).__name__}")
-    fetcher = getattr(source, "_remote_fetcher", None)
-    if callable(fetcher) and fetcher() is not None:
+    if stored_files(source) is not None:
         raise ValueError("fl.Pack over data in object storage (s3://, gs://, http(s)://) is not supported yet: the "
                          "fetcher prefetches along sample ids, and a packed row's documents are known only to the "
                          "packer; copy the data to local disk first")
@@ -120,15 +120,15 @@ class Pack:
 
     def __init__(self, source: Any, length: int, *, columns: Sequence[str] | None = None, pad: Any = 0,
                  window: int | None = None, split: str = "truncate", max_segments: int | None = None):
-        length = _as_int("length", length)
+        length = as_int("length", length)
         if length <= 0:
             raise ValueError(f"length must be positive, got {length}")
         if max_segments is not None:
-            max_segments = _as_int("max_segments", max_segments)
+            max_segments = as_int("max_segments", max_segments)
             if max_segments < 1:
                 raise ValueError(f"max_segments must be at least 1, got {max_segments}")
         if window is not None:
-            window = _as_int("window", window)
+            window = as_int("window", window)
             if window <= 0:
                 raise ValueError(f"window must be positive, got {window}")
         if split not in SPLITS:
@@ -214,7 +214,7 @@ class Pack:
 
     @property
     def default_order(self) -> str:
-        return getattr(self.source, "default_order", "random")
+        return member(self.source, "default_order")
 
     def native_source(self, with_documents: bool = False) -> Any:
         if not with_documents:
@@ -224,13 +224,10 @@ class Pack:
         return self._documents_native
 
     def fingerprint(self) -> Any:
-        take = getattr(self.source, "fingerprint", None)
-        return take() if take is not None else None
+        return fingerprint(self.source)
 
     def check_fingerprint(self, fp: Any) -> None:
-        check = getattr(self.source, "check_fingerprint", None)
-        if check is not None:
-            check(fp)
+        check_fingerprint(self.source, fp)
 
     def state_key(self) -> dict[str, Any]:
         """What a resume state must match: the same documents packed the same way."""

@@ -10,10 +10,14 @@ import os
 import weakref
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from .. import _C, _lifecycle
 from .arrow import plan_columns
 from .column_types import ColumnType, column_types
 from .hive import NULL_VALUE, Partitions, discover
+from .parquet_footer import FooterCheck, import_pyarrow as _import_pyarrow, read_footers
+from .._storage.file_set import FileSet, local_pin, redacted
 
 __all__ = ["Parquet"]
 
@@ -39,75 +43,9 @@ def _decode_pool() -> Any:
         return pa.system_memory_pool()
 
 
-def _import_pyarrow() -> Any:
-    try:
-        import pyarrow.parquet as pq  # noqa: PLC0415 - only Parquet needs it
-    except ImportError:
-        raise ImportError("fl.Parquet decodes row groups with pyarrow: pip install 'fastload[arrow]'") from None
-    return pq
-
-
 def _hidden(name: str) -> bool:
-    return name.startswith((".", "_"))  # _SUCCESS, _metadata, .crc files, _temporary/
-
-
-def parquet_files(path: Any) -> list[str]:
-    """The files of a path (a file, a directory searched recursively in name order, skipping hidden
-    and `_`-prefixed entries such as _SUCCESS), or of a list of paths."""
-    return [f for f, _ in parquet_files_and_dirs(path)]
-
-
-def parquet_files_and_dirs(path: Any, in_list: bool = False) -> list[tuple[str, list[str]]]:
-    """parquet_files(path), each with the directory names its hive partition values come from
-    (hive.py): those below a directory; for a file named in a list, every directory of its path as
-    given; none for a single file given alone (pyarrow's rules)."""
-    if isinstance(path, (list, tuple)):
-        if not path:
-            raise ValueError("path must name at least one Parquet file, got an empty list")
-        out: list[tuple[str, list[str]]] = []
-        for p in path:
-            out += parquet_files_and_dirs(p, in_list=True)
-        return out
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file, a directory or a list of them, got {type(path).__name__}")
-    path = os.fspath(path)
-    if os.path.isfile(path):
-        return [(path, _dirs_of(os.path.dirname(path)) if in_list else [])]
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no Parquet file or directory at {path}")
-    found = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not _hidden(d))
-        below = _dirs_of(os.path.relpath(root, path))
-        found += [(os.path.join(root, f), below) for f in sorted(files) if not _hidden(f) and not f.endswith(".crc")]
-    if not found:
-        raise ValueError(f"the directory {path} holds no Parquet files")
-    return found
-
-
-def _dirs_of(folder: str) -> list[str]:
-    return [d for d in folder.replace(os.sep, "/").split("/") if d not in ("", ".")]
-
-
-# The class fl.Parquet builds for URLs: remote_parquet.py registers its subclass when it is
-# imported (fastload's __init__ imports it), so this module never imports it back.
-_url_class: type | None = None
-
-
-def register_url_class(cls: type) -> None:
-    global _url_class
-    _url_class = cls
-
-
-def _remote(path: Any) -> bool:
-    from .._storage.urls import is_url  # noqa: PLC0415
-
-    return is_url(path) or (isinstance(path, (list, tuple)) and any(is_url(p) for p in path))
-
-
-def _file_state(path: str) -> tuple[str, int, int, int]:
-    st = os.stat(path)
-    return (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    """Entries a Parquet folder holds beside its data: _SUCCESS, _metadata, .crc files, _temporary/."""
+    return name.startswith((".", "_")) or name.endswith(".crc")
 
 
 class Parquet:
@@ -137,28 +75,30 @@ class Parquet:
 
     default_order = "block"
 
-    def __new__(cls, path: Any = None, *args: Any, **kwargs: Any) -> "Parquet":
-        # URLs (s3://, gs://, http(s)://): the files are fetched into a local cache as the plan
-        # needs them (remote_parquet.py); the class below only sees _locate/_state/_footer/_file.
-        if cls is Parquet and _remote(path):
-            if _url_class is None:
-                raise ImportError("fl.Parquet over URLs needs fastload._sources.remote_parquet (imported by fastload)")
-            cls = _url_class
-        return super().__new__(cls)
-
     def __init__(self, path: Any, columns: Sequence[str] | None = None, *, pad: Any = None, max_length: Any = None,
                  fill_null: Mapping[str, Any] | None = None, with_valid: bool = False,
-                 cache_bytes: int | None = None, decode_threads: int | None = None):
-        _import_pyarrow()  # a clear ImportError without pyarrow, before anything is read
+                 cache_bytes: int | None = None, decode_threads: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None, cache_limit: Any = None):
+        _import_pyarrow()  # a clear ImportError without pyarrow, before anything is read (or requested)
         import pyarrow as pa  # noqa: PLC0415 - present: _import_pyarrow() passed
-        # What a pickle reopens (RemoteParquet keeps its own: its URLs and options without secrets).
+        # What a pickle reopens: the path as given (a prefix is listed again: the partition
+        # columns come from it), the options without their credentials (the copy reads them from
+        # its process's chain).
         self._open_args = {"path": path, "columns": columns, "pad": pad, "max_length": max_length,
                            "fill_null": fill_null, "with_valid": with_valid, "cache_bytes": cache_bytes,
-                           "decode_threads": decode_threads}
-        located = self._locate(path)
-        self._paths = [p for p, _ in located]
-        self._partitions = discover(self._paths, [dirs for _, dirs in located])
-        self._states = [self._state(k) for k in range(len(self._paths))]
+                           "decode_threads": decode_threads, "storage_options": redacted(storage_options),
+                           "cache_dir": cache_dir, "cache_limit": cache_limit}
+        self._files = files = FileSet.resolve(path, what="path", kind="Parquet file", skip=_hidden, salt=b"parquet",
+                                              storage_options=storage_options, cache_dir=cache_dir,
+                                              cache_limit=cache_limit)
+        self.cache_dir = files.cache_dir  # URLs: the folder of the cached files
+        self._paths = list(files.names)
+        self._partitions = discover(self._paths, files.folders)
+        self._states = list(files.pins)
+        opened = read_footers(files)  # ranged reads of each file's end: no file is fetched to open it
+        self._footers = [o for o, _ in opened]
+        if files.fetched:  # every download of a file must end with the footer planned from
+            files.verify_with([FooterCheck(u, n, f) for u, n, (_, f) in zip(files.urls, files.sizes, opened)])
         if cache_bytes is None:
             cache_bytes = _DEFAULT_CACHE_BYTES
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
@@ -173,10 +113,7 @@ class Parquet:
         rows: list[int] = []
         metas = []
         for k, p in enumerate(self._paths):
-            try:
-                f = self._footer(k)
-            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-                raise ValueError(f"{p} is not a readable Parquet file ({e})") from None
+            f = self._footers[k]
             if schema is None:
                 schema = f.schema_arrow
             elif not f.schema_arrow.equals(schema, check_metadata=False):
@@ -216,6 +153,17 @@ class Parquet:
         self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names,
                                          _weak_decode(weakref.WeakMethod(self._decode)), cache_bytes, window,
                                          decode_threads, (self._schema_table,))
+        if files.fetched:
+            # The Loader's order speaks row groups (the shards), the fetcher files: each row group
+            # reads its file, weighted by its share of the file's compressed bytes (exact for one
+            # row group a file).
+            file_of_group = np.array([k for k, _ in self._groups], dtype=np.int64)
+            weight = np.array([max(1, metas[k].row_group(g).total_byte_size) for k, g in self._groups],
+                              dtype=np.float64)
+            per_file = np.bincount(file_of_group, weights=weight, minlength=len(files))
+            group_bytes = np.ceil(np.asarray(files.sizes, dtype=np.float64)[file_of_group] * weight
+                                  / per_file[file_of_group])
+            files.shards_read(unit_of_shard=file_of_group, shard_bytes=group_bytes.astype(np.int64))
         _lifecycle.register(self)  # its decode threads stop before the interpreter does
 
     def _check_null_counts(self, metas: list, fills: Mapping[str, Any]) -> None:
@@ -248,25 +196,20 @@ class Parquet:
                                  f"directory is {name}={NULL_VALUE}, or it has no {name}= directory): pass "
                                  f"fill_null={{{name!r}: value}} or drop it with columns=[...]")
 
-    # Where the files are (overridden by RemoteParquet): their names, each with the directory
-    # names its partition values come from, a state that changes when a file is rewritten, a
-    # ParquetFile that has read the footer only, and one to decode from.
-    def _locate(self, path: Any) -> list[tuple[str, list[str]]]:
-        return parquet_files_and_dirs(path)
-
-    def _state(self, k: int) -> Any:
-        return _file_state(self._paths[k])
-
-    def _footer(self, k: int) -> Any:
-        return _import_pyarrow().ParquetFile(self._paths[k])
-
     def _fragment(self, k: int) -> Any:
-        """File k as a pyarrow dataset fragment whose footer is read once and kept: decoding
-        takes a subset of it per row group (a fragment, unlike a ParquetFile, decodes into a
-        memory pool of our choosing). Fragments are immutable: threads share them."""
+        """File k as a pyarrow dataset fragment. A local file's is made once and kept (its footer
+        read once; fragments are immutable: threads share them). A fetched file's is made per
+        decode over a mapping of the cached copy taken while the copy is present (an eviction, an
+        unlink, leaves the mapping readable; a kept path would keep an evicted file's disk space);
+        its footer is parsed again, well under a millisecond."""
+        import pyarrow as pa  # noqa: PLC0415 - with pyarrow.parquet
+        import pyarrow.dataset as pads  # noqa: PLC0415
+
+        if self._files.fetched:
+            mapped = self._files.opened(k, lambda path: pa.memory_map(path).read_buffer())
+            return pads.ParquetFileFormat().make_fragment(mapped)
         fragment = self._fragments.get(k)
         if fragment is None:
-            import pyarrow.dataset as pads  # noqa: PLC0415 - with pyarrow.parquet
             import pyarrow.fs as pafs  # noqa: PLC0415
 
             fragment = pads.ParquetFileFormat().make_fragment(self._paths[k], filesystem=pafs.LocalFileSystem(use_mmap=True))
@@ -279,7 +222,7 @@ class Parquet:
 
         k, g = self._groups[group]
         path = self._paths[k]
-        if self._state(k) != self._states[k]:
+        if self._files.current_pin(k) != self._states[k]:
             raise ValueError(f"the Parquet file {path} was rewritten since the source was opened: open it again")
         partitions = self._partitions.columns(k, self._rows[group], self._partitions_read)
         if not self._read:  # only partition columns: constants of the file's path, nothing to decode
@@ -339,13 +282,30 @@ class Parquet:
         what it needs itself from then on. Called at interpreter exit."""
         _C.row_group_stop(self._native)
 
+    def stored_files(self) -> FileSet | None:
+        """The files fetched along the Loader's order (URLs); None for local files, and when
+        only partition columns are read (no file is read, so none is fetched)."""
+        return self._files if self._files.fetched and self._read else None
+
+    def storage_stats(self) -> Any:
+        """Over URLs: bytes fetched, requests, cache hits and misses, time waited, bytes/s, cache use."""
+        if not self._files.fetched:
+            raise ValueError("storage_stats() is for fl.Parquet over URLs; these files are local")
+        return self._files.stats()
+
     def fingerprint(self) -> Any:
         return list(self._states)
 
     def check_fingerprint(self, fp: Any) -> None:
+        if self._files.fetched:
+            # No request here (it runs at every iter()): each download is pinned to the version
+            # listed at open, so a rewritten object is refused when it is fetched, never read.
+            if [tuple(s) for s in fp] != self._states:
+                raise ValueError("the Parquet files of this Loader are not those of its source: build a new Loader")
+            return
         for path, size, mtime, inode in fp:
             try:
-                now = _file_state(path)
+                now = local_pin(path)
             except OSError as e:
                 raise ValueError(f"the Parquet file {path} is gone ({e}): open the files again") from None
             if now != (path, size, mtime, inode):
@@ -356,7 +316,7 @@ class Parquet:
         return (_reopen, (self._open_args, self.fingerprint()))
 
     def __repr__(self) -> str:
-        return (f"Parquet({len(self)} rows in {len(self._rows)} row groups of {len(self._paths)} files; "
+        return (f"{'Remote' if self._files.fetched else ''}Parquet({len(self)} rows in {len(self._rows)} row groups of {len(self._paths)} files; "
                 f"{', '.join(self._selected)})")
 
 
@@ -406,6 +366,11 @@ def _reopen(args: dict, fingerprint: Any) -> Parquet:
     """A pickled Parquet source opened again (in another process): the same files by path, refused
     if one was rewritten since the original opened it."""
     source = Parquet(**args)
+    if source._files.fetched:
+        if source._states != [tuple(s) for s in fingerprint]:
+            raise ValueError(f"the Parquet files at {fingerprint[0][0]} ... changed since this source was pickled "
+                             "(objects rewritten, added or removed): open them again")
+        return source
     source.check_fingerprint(fingerprint)
     if [state[0] for state in fingerprint] != source.files:
         raise ValueError(f"the Parquet files at {args['path']!r} are not the ones the pickled source read: "

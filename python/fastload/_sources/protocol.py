@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .._arguments import _as_int
+from .._arguments import as_int
 
-__all__ = ["Source", "declare_shards", "redeclare"]
+__all__ = ["Source", "OPTIONAL_MEMBERS", "member", "declare_shards", "redeclare", "attach_storage", "follow_run"]
 
 
 @runtime_checkable
@@ -26,9 +26,20 @@ class Source(Protocol):
     - ``shard_rows``: samples per shard in id order, or None without shard structure (used by
       ``order="block"`` and ``partition="shards"``).
     - ``native_source()``: the native source the collation threads fill batches from.
-    - optional ``fingerprint()`` / ``check_fingerprint(fp)``: a cheap record, taken when a Loader
-      is built, of where the source's bytes are, and a check at every ``iter()`` that raises a
-      ValueError naming what changed (arrays resized or moved, files truncated or replaced).
+
+    Optional members (OPTIONAL_MEMBERS: the Loader asks a source nothing else, and a source
+    without one is read as its default says):
+
+    - ``default_order`` ("random"): the order a shuffled Loader reads it in when ``order=`` is
+      not given ("block" for Parquet: windows of row groups, each decoded about once).
+    - ``string_lists`` (none): names of its list-of-strings columns (a Mix joins them).
+    - ``packs_rows`` (False): its samples are packed rows (fl.Pack): the Loader deals packed rows.
+    - ``fingerprint()`` / ``check_fingerprint(fp)`` (nothing checked): a cheap record, taken
+      when a Loader is built, of where the source's bytes are, and a check at every ``iter()``
+      that raises a ValueError naming what changed (arrays resized or moved, files replaced).
+    - ``stored_files()`` (None: nothing is fetched): the source follows the run's order. The
+      FileSet (_storage/file_set.py) of files it reads from object storage: the Loader hands it
+      the order of each run (what to prefetch and what to evict) and reads its counters.
     """
 
     def __len__(self) -> int: ...
@@ -42,22 +53,75 @@ class Source(Protocol):
     def native_source(self) -> Any: ...
 
 
+# The optional members of a Source and the default of a source that has none (see Source).
+OPTIONAL_MEMBERS: dict[str, Any] = {
+    "default_order": "random",
+    "string_lists": (),
+    "packs_rows": False,
+    "fingerprint": None,
+    "check_fingerprint": None,
+    "stored_files": None,
+}
+
+
+def member(source: Any, name: str) -> Any:
+    """The optional member `name` of a source, or its default (only declared members are asked)."""
+    if name not in OPTIONAL_MEMBERS:
+        raise KeyError(f"{name!r} is not a member of the Source protocol (see OPTIONAL_MEMBERS)")
+    return getattr(source, name, OPTIONAL_MEMBERS[name])
+
+
 def fingerprint(source: Any) -> Any:
-    take = getattr(source, "fingerprint", None)
+    take = member(source, "fingerprint")
     return take() if take is not None else None
 
 
 def check_fingerprint(source: Any, fp: Any) -> None:
-    check = getattr(source, "check_fingerprint", None)
+    check = member(source, "check_fingerprint")
     if check is not None:
         check(fp)
+
+
+def stored_files(source: Any) -> Any:
+    """The FileSet a source fetches along the run's order, or None."""
+    files = member(source, "stored_files")
+    return files() if callable(files) else None
+
+
+def attach_storage(order: Any, kind: str | None, threads: int) -> Any:
+    """At Loader construction (see _storage/plan.py): each source that follows the run's order
+    checks its cache holds what one step reads and readies its fetcher; returns the storage
+    counters of the runs (RunStorage). Object storage is imported only where a source has it."""
+    if not any(stored_files(s) is not None for s in order.sources):
+        return _NoStorage()
+    from .._storage.plan import attach_loader  # noqa: PLC0415 - only for sources in object storage
+
+    return attach_loader(order, kind, threads)
+
+
+def follow_run(order: Any) -> None:
+    """At each run's start: every source that follows the run's order is given it."""
+    if any(stored_files(s) is not None for s in order.sources):
+        from .._storage.plan import follow_run as follow  # noqa: PLC0415
+
+        follow(order)
+
+
+class _NoStorage:
+    """The storage counters of a Loader that reads nothing from object storage."""
+
+    def begin(self) -> None:
+        pass
+
+    def stats(self) -> None:
+        return None
 
 
 def declare_shards(source: Any, rows: Any) -> Any:
     """Declares shard boundaries on a source of one in-memory array per column (tests, benchmarks):
     `rows` samples per shard, in order, adding up to len(source). Returns the source. A source
     made of several arrays (or files) has its real shards, which cannot be redeclared."""
-    rows = [_as_int("shard_rows", r) for r in rows]
+    rows = [as_int("shard_rows", r) for r in rows]
     if any(r < 0 for r in rows) or sum(rows) != len(source):
         raise ValueError(f"shard_rows must be non-negative and add up to {len(source)}, got {rows}")
     if getattr(source, "_real_shards", False):

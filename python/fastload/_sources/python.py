@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from .. import _C
-from .columns import _numpy_dl_code
-from .ragged import _pad_bytes
+from .columns import numpy_dl_code
+from .ragged import pad_bytes
 
 __all__ = ["PythonSource", "SampleError", "sample_rng"]
 
@@ -141,7 +141,7 @@ class _Inference:
             shape = [int(s) for s in value.shape]
         else:
             a = np.asarray(value)
-            code = _numpy_dl_code(a.dtype)
+            code = numpy_dl_code(a.dtype)
             if code is None or code == _DL_BFLOAT:
                 raise TypeError(f"sample field {name!r} has unsupported dtype {a.dtype}; fastload takes bool and "
                                 "numeric dtypes (strings and objects only as Python values)")
@@ -161,7 +161,7 @@ class _Inference:
         length = self.max_length[name]
         item = math.prod(shape[1:]) * itemsize
         probe = value if isinstance(value, torch.Tensor) else np.asarray(value)
-        pad = _pad_bytes(f"pad for field {name!r}", self.pad[name], probe)
+        pad = pad_bytes(f"pad for field {name!r}", self.pad[name], probe)
         return (name, "ragged", code, bits, shape[1:], length * item, item, length, pad)
 
 

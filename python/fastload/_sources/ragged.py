@@ -34,7 +34,7 @@ def stored_scalar(label: str, value: Any, dtype: Any) -> np.ndarray:
     return a
 
 
-def _pad_bytes(what: str, pad: Any, values: Any) -> bytes:
+def pad_bytes(what: str, pad: Any, values: Any) -> bytes:
     """The bytes of one element equal to `pad` in the values' dtype; ValueError if `pad` does not
     survive the conversion (1.5 into an integer column, -1 into an unsigned one)."""
     if not isinstance(values, torch.Tensor):
@@ -171,7 +171,7 @@ class Ragged:
         item_bytes = first.row_bytes
         if item_bytes == 0:
             raise ValueError(f"ragged column {name!r}: items of shape {first.row_shape} hold no bytes")
-        pad = _pad_bytes(f"ragged column {name!r}", self.pad, self._values[0])
+        pad = pad_bytes(f"ragged column {name!r}", self.pad, self._values[0])
         table = tuple((s.address, rows, item_bytes, o.__array_interface__["data"][0], s.rows)
                       for s, o, rows in zip(specs, self._offsets, self._rows))
         owners = (tuple(s.owner for s in specs), tuple(self._offsets))

@@ -1,55 +1,31 @@
-"""Remote sources: a dataset directory at a URL (Dataset.open("s3://bucket/prefix")) and token
-files at URLs (Windows.from_files("s3://bucket/tokens/")). The URL is turned into local cached
-paths at once: the manifest (or the listing) fixes every object's name, size and checksum, the
-columns are the same lazily mapped shards a local directory past the mapping budget has, and the
-collation threads map each file after the fetcher made it present (LazyFiles' provider).
-
-Remote Parquet will come through the same seam: its row groups are objects the fetcher caches
-and a Parquet source maps or reads (see docs/object-storage.md)."""
+"""A dataset directory in object storage (Dataset.open("s3://bucket/prefix")): the manifest is
+read at open and fixes every object's name, size and checksum; the objects become a FileSet
+(_storage/file_set.py) of the dataset's own layout, pinned to the versions listed now, fetched
+into the cache as the Loader's order needs them; the columns are the same lazily mapped shards a
+local directory past the mapping budget has, and the collation threads map each file after the
+fetcher made it present. Token files and Parquet at URLs are built on FileSet.resolve directly
+(windows.py, parquet.py)."""
 from __future__ import annotations
 
 import concurrent.futures
 import io
-import os
 import threading
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
-from .columns import describe_array
-from .mapping import LazyTable
-from .windows import TokenFiles
-from .._storage.cache import Entry, ObjectCache, cache_key, default_cache_root, default_limit, parse_size
-from .._storage.client import BodyCheck, Client, redacted_options
+from .._storage.cache import cache_key
+from .._storage.client import Client, redacted_options
 from .._storage.clients import make_client
-from .._storage.fetcher import Fetcher, StorageStats
-from .._storage.urls import Url, is_url, parse_url
+from .._storage.file_set import FileSet, cache_folder, cache_limit_of, check_cache_holds
+from .._storage.stats import StorageStats
+from .._storage.urls import Url, parse_url
 
 _MAX_MANIFEST_BYTES = 1 << 30
 
 
-def _folder(cache_dir: Any, key: str) -> str:
-    # "~/cache" is the home folder's, as a shell reads it: not a folder named "~" here.
-    base = default_cache_root() if cache_dir is None else os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
-    if base.startswith("/dev/shm"):
-        raise ValueError(f"cache_dir {base!r} is under /dev/shm: the cache holds whole shards, which belong on a "
-                         "disk, not in shared memory")
-    return os.path.join(base, key)
-
-
-def _limit(cache_limit: Any, root: str) -> int:
-    return default_limit(root) if cache_limit is None else parse_size(cache_limit)
-
-
-def _check_largest(limit: int, largest: int, url: Url) -> None:
-    if largest > limit:
-        raise ValueError(f"cache_limit is {limit} bytes, smaller than the largest shard of {url} ({largest} bytes): "
-                         "raise cache_limit")
-
-
-class _ShardCheck(BodyCheck):
-    """A downloaded shard's check, as its body streams in: its .npy header is the manifest's,
-    and its fl64 checksum too where the manifest has one (hashed while the bytes arrive)."""
+class _ShardCheck:
+    """A downloaded shard's check (a client.BodyCheck), as its body streams in: its .npy header
+    is the manifest's, and its fl64 checksum too where the manifest has one (hashed while the
+    bytes arrive)."""
 
     def __init__(self, f: Any, url: Url):
         self.f, self.url = f, url
@@ -88,11 +64,11 @@ class RemoteDataset:
 
     def __init__(self, url: str, verify: bool = False, pad: Any = 0, max_length: Any = None,
                  storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None, cache_limit: Any = None):
-        from .directory import _Column, _LazyShards, _layout, _NameOnly, _per_column  # noqa: PLC0415
+        from .directory import Column, LazyShards, NameOnly, per_column, read_layout  # noqa: PLC0415
         from .manifest import MANIFEST, Bad, DatasetError, parse  # noqa: PLC0415
         from .shards import output_names  # noqa: PLC0415
 
-        self._output_names, self._name_only, self._lazy_type = output_names, _NameOnly, _LazyShards
+        self._output_names, self._name_only, self._lazy_type = output_names, NameOnly, LazyShards
         self.url = url
         where = parse_url(url, "path")
         self._options = dict(storage_options or {})
@@ -108,51 +84,58 @@ class RemoteDataset:
         try:
             manifest = parse(text)
             files: list[Any] = []
-            columns, rows, total = _layout(_folder(cache_dir, self._digest), manifest, files.append)
+            columns, rows, total = read_layout(cache_folder(cache_dir, self._digest), manifest, files.append)
         except Bad as e:
             where_field = f" field {e.field}:" if e.field else ""
             raise DatasetError(f"{murl}:{where_field} {e.message}") from None
         all_files = [one for col in columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
         urls = [where.child(f.rel) for f in all_files]
         for u in urls:
-            _check_readable(client, u)
+            reason = client.unreadable(u)
+            if reason is not None:
+                raise ValueError(reason)
         # Every GET is pinned to the version seen now, and the cache folder is keyed by those
         # versions too: a shard rewritten under the same manifest is an error, never new bytes
         # (for this process, or another that opened the dataset before the rewrite).
         versions = _shard_versions(client, where, urls, [f.offset + f.nbytes for f in all_files],
                                    [f.checksum is None for f in all_files])
         self._versions = versions
-        root = _folder(cache_dir, cache_key(text, *[v.encode() for v in versions]))
-        for f in all_files:
-            f.path = os.path.join(root, f.rel)
-        limit = _limit(cache_limit, root)
-        cache = ObjectCache(root, limit)
-        cache.put(MANIFEST, text)  # for people looking at the cache
+        root = cache_folder(cache_dir, cache_key(text, *[v.encode() for v in versions]))
+        limit = cache_limit_of(cache_limit, root)
+        stored = FileSet.of_objects(client, urls, [f.offset + f.nbytes for f in all_files], versions,
+                                    [f.rel for f in all_files], root, limit)
+        for f, path in zip(all_files, stored.paths):
+            f.path = path
+        stored.cache.put(MANIFEST, text)  # for people looking at the cache
         self.manifest = manifest
-        self._columns: list[_Column] = columns
+        self._columns: list[Column] = columns
         self._shard_sizes = rows
         self._rows = total
         ragged = [c.name for c in columns if c.kind == "ragged"]
-        self._pad = {n: _per_column("pad", pad, n, ragged) for n in ragged}
-        self._max_length = {n: _per_column("max_length", max_length, n, ragged) for n in ragged}
+        self._pad = {n: per_column("pad", pad, n, ragged) for n in ragged}
+        self._max_length = {n: per_column("max_length", max_length, n, ragged) for n in ragged}
         for f in all_files:
             f.identity = (0, 0, 0, 0)  # the provider gives each download's identity when it is mapped
-        entries = [Entry(u, f.rel, f.offset + f.nbytes, _ShardCheck(f, u), v)
-                   for f, u, v in zip(all_files, urls, versions)]
+        stored.verify_with([_ShardCheck(f, u) for f, u in zip(all_files, urls)])
         index = {id(f): i for i, f in enumerate(all_files)}
         shard_files: list[list[int]] = [[] for _ in rows]
         for col in columns:
             for k, f in enumerate(col.files):
                 shard_files[k] += [index[id(one)] for one in (f if isinstance(f, tuple) else (f,))]
         self._all_files = all_files
-        fetcher = Fetcher(client, cache, entries, shard_files, limit)
-        _check_largest(limit, int(fetcher.shard_bytes.max()), where)
-        self._fetcher = fetcher
+        stored.shards_read(units=shard_files)  # a shard's files (its columns') are fetched together
+        check_cache_holds(limit, max(sum(f.offset + f.nbytes for f in (all_files[i] for i in one))
+                                     for one in shard_files), where)
+        self._files = stored
         self._lazy: Any = None
         self._lock = threading.Lock()
         self.cache_dir = root
         if verify:
             self.verify()
+
+    @property
+    def _fetcher(self) -> Any:
+        return self._files.fetcher
 
     def verify(self) -> None:
         """Fetches every shard not cached (each download is verified) and reads every cached one
@@ -215,7 +198,7 @@ class RemoteDataset:
         with self._lock:
             if self._lazy is None:
                 self._lazy = self._lazy_type(self._columns, self._all_files)
-                self._fetcher.bind(self._lazy.table.files)
+                self._files.provide_to(self._lazy.table.files)
             return self._lazy
 
     def column_specs(self) -> list[Any]:
@@ -233,12 +216,13 @@ class RemoteDataset:
     def check_fingerprint(self, states: list[Any]) -> None:
         pass
 
-    def _remote_fetcher(self) -> Fetcher:
-        return self._fetcher
+    def stored_files(self) -> FileSet:
+        """The shards' files, which follow the run's order (the Source protocol)."""
+        return self._files
 
     def storage_stats(self) -> StorageStats:
         """Bytes fetched, requests, cache hits and misses, time waited, bytes/s, cache use."""
-        return self._fetcher.stats()
+        return self._files.stats()
 
     def __reduce__(self) -> tuple:
         # Credentials never travel: the unpickled source reads them from its process's chain.
@@ -266,7 +250,7 @@ def _reopen(url: str, pad: Any, max_length: Any, options: dict, cache_dir: Any, 
     if ds._digest != digest:
         raise DatasetError(f"{url}: the dataset changed since this Dataset was pickled or copied (its manifest.json "
                            "differs); open it again")
-    changed = _first_changed([e.url for e in ds._fetcher.entries], versions, ds._versions)
+    changed = _first_changed(ds._files.names, versions, ds._versions)
     if changed is not None:
         raise DatasetError(f"{changed}: the object changed since this Dataset was pickled or copied (its version "
                            "differs); open the dataset again")
@@ -303,106 +287,3 @@ def _shard_versions(client: Client, where: Url, urls: list[Url], sizes: list[int
         if got[0] != n:
             raise DatasetError(f"{u}: {got[0]} bytes in storage, the manifest expects {n}")
     return [tag for _, tag in found]  # type: ignore[misc]
-
-
-def _check_readable(client: Client, url: Url) -> None:
-    reason = client.unreadable(url)
-    if reason is not None:
-        raise ValueError(reason)
-
-
-# ------------------------------------------------------------------------------ token files
-def _remote_urls(paths: Any, client_for: Any) -> tuple[list[Url], list[int], list[str], Client]:
-    """(objects, their sizes, their version tags, the client) of a prefix (listed, in name
-    order) or a list of URLs (HEAD each)."""
-    if isinstance(paths, str):
-        where = parse_url(paths, "paths")
-        client = client_for(where.scheme)
-        listed = [t for t in client.list(where) if not t[0].key.endswith("/")]  # the folder where/
-        if not listed and where.key and not where.key.endswith("/"):
-            try:  # not a folder: the object itself, as a local path names a file or a directory
-                listed = [(where, *client.stat(where))]
-            except FileNotFoundError:
-                pass
-        if not listed:
-            raise FileNotFoundError(f"{paths}: no objects under this prefix")
-        for u, _, _ in listed:
-            _check_readable(client, u)
-        return [u for u, _, _ in listed], [n for _, n, _ in listed], [t for _, _, t in listed], client
-    urls = [parse_url(os.fspath(p), f"paths[{k}]") if is_url(p) else None for k, p in enumerate(paths)]
-    if any(u is None for u in urls):
-        k = urls.index(None)
-        raise ValueError(f"paths mixes URLs and local paths (paths[{k}] = {paths[k]!r}): pass all of one kind")
-    schemes = {u.scheme for u in urls}
-    if len(schemes) > 1:
-        raise ValueError(f"paths mixes URL schemes {sorted(schemes)}: pass one kind")
-    client = client_for(urls[0].scheme)
-    for u in urls:
-        _check_readable(client, u)
-    stats = [client.stat(u) for u in urls]
-    return urls, [n for n, _ in stats], [t for _, t in stats], client
-
-
-def remote_token_files(paths: Any, dtype: Any, row_shape: Sequence[int], storage_options: Mapping[str, Any] | None,
-                       cache_dir: Any, cache_limit: Any) -> "RemoteTokenFiles":
-    options = dict(storage_options or {})
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
-    shape = tuple(int(s) for s in row_shape)
-    row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-    urls, sizes, tags, client = _remote_urls(paths, lambda scheme: make_client(scheme, options))
-    for u, size in zip(urls, sizes):
-        if row == 0 or size % row:
-            raise ValueError(f"{u}: {size} bytes is not a whole number of rows of {row} bytes ({dt} x {shape})")
-    # Keyed by each object's version tag too: a file rewritten in place gets a new folder, never
-    # the old file's cached bytes.
-    key = cache_key(dt.str.encode(), *[f"{u} {n} {t}".encode() for u, n, t in zip(urls, sizes, tags)])
-    root = _folder(cache_dir, key)
-    limit = _limit(cache_limit, root)
-    cache = ObjectCache(root, limit)
-    rels = [f"{k:06d}-{os.path.basename(u.key) or 'object'}" for k, u in enumerate(urls)]
-    # Every GET pinned to the version listed (or HEAD) now: a file rewritten since is an error
-    # naming it, never its new bytes beside the old ones of the files still cached.
-    entries = [Entry(u, rel, n, None, t) for u, rel, n, t in zip(urls, rels, sizes, tags)]
-    fetcher = Fetcher(client, cache, entries, [[k] for k in range(len(urls))], limit)
-    _check_largest(limit, max(sizes), urls[0])
-    return RemoteTokenFiles([cache.path(r) for r in rels], sizes, dt, shape, row, fetcher,
-                            ([str(u) for u in urls], dt.str, shape, redacted_options(options), cache_dir, cache_limit,
-                             list(tags)))
-
-
-class RemoteTokenFiles(TokenFiles):
-    """Token files in object storage: TokenFiles (files the collation threads map on demand)
-    whose files the fetcher makes present, verified, before each is mapped."""
-
-    def __init__(self, paths: list[str], sizes: list[int], dtype: np.dtype, row_shape: tuple, row_bytes: int,
-                 fetcher: Fetcher, reduced: tuple):  # noqa: super-init-not-called: nothing local to stat
-        self.paths, self.dtype, self.row_shape = paths, dtype, row_shape
-        self.rows = [n // row_bytes for n in sizes]
-        self.template = describe_array("tokens", np.empty((0,) + row_shape, dtype=dtype), what="tokens")
-        n = len(paths)
-        self.table = LazyTable(paths, np.zeros(n, dtype=np.int64), sizes, np.zeros((n, 4), dtype=np.int64))
-        self.fetcher = fetcher
-        fetcher.bind(self.table.files)
-        self._reduced = reduced
-
-    def check(self) -> None:
-        pass  # each file's identity is its verified download's, checked where it is mapped
-
-    def reduce(self) -> tuple:
-        return ("remote_token_files",) + self._reduced
-
-
-def restore_token_files(reduced: tuple) -> RemoteTokenFiles:
-    """An unpickled or copied remote Windows: HEAD again, same cache folder, and the same
-    versions (a copy must never read other bytes than the original), else an error naming the
-    file that changed."""
-    _, urls, dtype, row_shape, options, cache_dir, cache_limit, *versions = reduced
-    files = remote_token_files(list(urls), dtype, row_shape, options, cache_dir, cache_limit)
-    changed = _first_changed(urls, versions[0] if versions else None, files._reduced[-1])
-    if changed is not None:
-        raise ValueError(f"{changed}: the object changed since this source was pickled or copied (its version "
-                         "differs); open the token files again")
-    return files

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import _C
-from .columns import _numpy_dl_code
+from .columns import numpy_dl_code
 from .image_fallback import fallback_for
 from .image_spec import Image
 from .tar_index_cache import ShardIndex, index_shards
@@ -183,7 +183,7 @@ class Tar:
             except ValueError as e:
                 raise ValueError(f"field {field!r} of key {first.key(0)!r} in tar shard {first.path!r} is not a .npy "
                                  f"array fastload can read: {e}") from None
-            code = _numpy_dl_code(a.dtype)
+            code = numpy_dl_code(a.dtype)
             if code is None or a.dtype.kind == "V":
                 raise ValueError(f"field {field!r} of key {first.key(0)!r} in tar shard {first.path!r} has the dtype "
                                  f"{a.dtype}, which fastload does not batch")

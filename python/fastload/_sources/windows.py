@@ -114,7 +114,23 @@ class TokenFiles:
     stat'ed. Any change to a file since (replaced, rewritten, touched, grown or truncated) is an
     error naming it, at the next iter() or where it is mapped: it is never read as other data."""
 
-    def __init__(self, paths: list[str], dtype: np.dtype, row_shape: tuple[int, ...], row_bytes: int):
+    def __init__(self, paths: list[str], dtype: np.dtype, row_shape: tuple[int, ...], sizes: Any, identities: Any,
+                 stored: Any = None, reduced: tuple | None = None):
+        """Files of these sizes and identities (each checked where it is mapped). `stored`: the
+        FileSet that fetches them (URLs; their identities are their downloads', given as each is
+        mapped) and `reduced` what a pickle of them carries; None for local files."""
+        self.paths, self.dtype, self.row_shape = paths, dtype, row_shape
+        row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+        self.rows = [int(n) // row_bytes for n in sizes]
+        self.template = describe_array("tokens", np.empty((0,) + row_shape, dtype=dtype), what="tokens")
+        self.table = LazyTable(paths, np.zeros(len(paths), dtype=np.int64), sizes, identities)
+        self.stored, self._reduced = stored, reduced
+        if stored is not None:
+            stored.provide_to(self.table.files)
+
+    @classmethod
+    def stat(cls, paths: list[str], dtype: np.dtype, row_shape: tuple[int, ...], row_bytes: int) -> "TokenFiles":
+        """Local files, stat'ed now (one call, in C++): each must be whole rows."""
         now = _C.FileSet(paths).stat()
         for path, (dev, err, _, size) in zip(paths, now.tolist()):
             if dev == -1:
@@ -124,14 +140,13 @@ class TokenFiles:
             if row_bytes == 0 or size % row_bytes:
                 raise ValueError(f"{path}: {size} bytes is not a whole number of rows of {row_bytes} bytes "
                                  f"({dtype} x {row_shape})")
-        sizes = now[:, 3]
-        self.paths, self.dtype, self.row_shape = paths, dtype, row_shape
-        self.rows = [int(r) for r in sizes // row_bytes]
-        self.template = describe_array("tokens", np.empty((0,) + row_shape, dtype=dtype), what="tokens")
-        self.table = LazyTable(paths, np.zeros(len(paths), dtype=np.int64), sizes, now)
+        return cls(paths, dtype, row_shape, now[:, 3], now)
 
     def check(self) -> None:
-        """At every iter(): each file is still the one stat'ed (one stat per file, in C++)."""
+        """At every iter(): each file is still the one stat'ed (one stat per file, in C++). A
+        fetched file's identity is its verified download's, checked where it is mapped."""
+        if self.stored is not None:
+            return
         changed = self.table.checks.changed()
         if changed:
             i, now = changed[0]
@@ -140,7 +155,57 @@ class TokenFiles:
                              f"{more}; call Windows.from_files again and build a new Loader")
 
     def reduce(self) -> tuple:
+        if self._reduced is not None:
+            return ("remote_token_files",) + self._reduced
         return ("token_files", list(self.paths), self.dtype.str, self.row_shape)
+
+
+def token_files(paths: Any, dtype: Any, row_shape: Sequence[int] = (), storage_options: Any = None,
+                cache_dir: Any = None, cache_limit: Any = None) -> tuple[Any, list[str]]:
+    """Raw token files by path or by URL (a prefix, listed as a folder, or a list of URLs), and
+    their names: local files mapped (map_token_files); objects as TokenFiles that the FileSet
+    fetches, each pinned to the version seen now (a file rewritten since is an error naming it,
+    never its new bytes beside the old ones of the files still cached)."""
+    from .._storage.file_set import FileSet, redacted  # noqa: PLC0415
+
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
+    # Local paths are kept as given (a list of files, stat'ed and mapped by map_token_files); a
+    # prefix or a list of URLs is listed (HEAD) and pinned now.
+    files = FileSet.resolve(paths, what="paths", salt=dt.str.encode(), list_folders=False,
+                            storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+    if not files.fetched:
+        return map_token_files(paths, dtype, row_shape), [os.fspath(p) for p in paths]
+    shape = tuple(int(s) for s in row_shape)
+    row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+    for name, size in zip(files.names, files.sizes):
+        if row == 0 or size % row:
+            raise ValueError(f"{name}: {size} bytes is not a whole number of rows of {row} bytes ({dt} x {shape})")
+    n = len(files)
+    reduced = (list(files.names), dt.str, shape, redacted(storage_options) or {}, cache_dir, cache_limit,
+               [pin[2] for pin in files.pins])
+    tokens = TokenFiles(files.paths, dt, shape, np.asarray(files.sizes, dtype=np.int64), np.zeros((n, 4), dtype=np.int64),
+                        stored=files, reduced=reduced)
+    return tokens, list(files.names)
+
+
+def restore_token_files(reduced: tuple) -> Any:
+    """Token files unpickled or copied: local ones mapped again; remote ones listed (HEAD) again,
+    in the same cache folder, and the same versions (a copy must never read other bytes than the
+    original), else an error naming the file that changed."""
+    if reduced[0] == "token_files":
+        _, paths, dtype, row_shape = reduced
+        return map_token_files(paths, dtype, row_shape)
+    _, urls, dtype, row_shape, options, cache_dir, cache_limit, *versions = reduced
+    files, _ = token_files(list(urls), dtype, row_shape, options, cache_dir, cache_limit)
+    before, now = (versions[0] if versions else None), files._reduced[-1]
+    changed = None if before is None else next((u for u, a, b in zip(urls, before, now) if a != b), None)
+    if changed is not None:
+        raise ValueError(f"{changed}: the object changed since this source was pickled or copied (its version "
+                         "differs); open the token files again")
+    return files
 
 
 def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] = ()) -> list[np.ndarray] | TokenFiles:
@@ -158,7 +223,7 @@ def map_token_files(paths: Sequence[Any], dtype: Any, row_shape: Sequence[int] =
     row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
     if maps_lazily(len(paths)):
         # Absolute: the threads map them later, whatever the working directory is then.
-        return TokenFiles([os.path.abspath(os.fspath(p)) for p in paths], dt, shape, row)
+        return TokenFiles.stat([os.path.abspath(os.fspath(p)) for p in paths], dt, shape, row)
     arrays = []
     for p in paths:
         # Mapped without keeping a descriptor (fastload._C.FileMapping): np.memmap keeps one per

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import _C
-from .arrays import _as_int
+from .._arguments import as_int
 from .directory import CHECKSUM, FORMAT, MANIFEST, VERSION
 from .manifest import Bad, check_names
 from .ragged import Ragged
@@ -225,7 +225,7 @@ class DatasetWriter:
                  checksum: bool = True, fsync: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         if rows_per_shard is not None:
-            rows_per_shard = _as_int("rows_per_shard", rows_per_shard)
+            rows_per_shard = as_int("rows_per_shard", rows_per_shard)
             if rows_per_shard <= 0:
                 raise ValueError(f"rows_per_shard must be positive, got {rows_per_shard}")
         for n, flag in (("overwrite", overwrite), ("checksum", checksum), ("fsync", fsync)):

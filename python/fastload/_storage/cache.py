@@ -66,6 +66,12 @@ def default_limit(folder: str) -> int:
     return max(1 << 30, st.f_bavail * st.f_frsize // 2)
 
 
+def cache_too_small(limit: int, need: int, what: str, way_out: str = "") -> ValueError:
+    """The one "cache too small" error (at open, for the collation threads, for one step): what
+    needs `need` bytes at once against cache_limit, the least to raise it to, and another way out."""
+    return ValueError(f"cache_limit is {limit} bytes, {what}: raise cache_limit to at least {need} bytes{way_out}")
+
+
 class Entry:
     """One object of the dataset: where it comes from, its local name, what verifies it, and the
     version every GET of it is pinned to (the ETag or generation seen at open; None: unpinned)."""

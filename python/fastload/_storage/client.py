@@ -1,6 +1,8 @@
-"""The clients that talk to object storage: S3 (and S3-compatible servers) through boto3 (here)
-or obstore (obstore_s3.py), GCS (gcs.py) and plain HTTP(S) (http.py) through the standard
-library; one retry policy around all, and what they share (errors, options, the body's check).
+"""What every client of object storage is and shares: the Client base (the protocol the cache,
+the fetcher and the sources use), the retry policy around every request, the body's check and
+writer, the option checks (the table: options.py; the errors: errors.py). One file per client:
+boto3_s3.py (S3 through boto3), obstore_s3.py (S3 through obstore, the default), gcs.py and
+http.py (the standard library); clients.py picks one per scheme.
 
 Every request is retried here, not inside the client (boto3's own retries are switched off), so
 that the error raised after the budget names the URL, the last status and the attempts made.
@@ -9,77 +11,39 @@ asked again when a server refuses them) or from storage_options; they are never 
 message, a repr or a pickle (see redacted_options)."""
 from __future__ import annotations
 
-import http.client
-import io
 import random
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
 from .cache import parse_size
-from .credentials import aws_chain
-from .deadline import body_limit, watched
 from .parts import PartPool, get_in_parts, part_count
 from .quiet import quiet
+from .errors import FetchError, ObjectChanged, Refused, Transient, changed_error, refused_error  # noqa: F401 - re-exported
+from .options import ALLOWED, DEFAULTS, SECRET_OPTIONS, setting  # noqa: F401 - SECRET_OPTIONS re-exported
 from .urls import Url
 
 T = TypeVar("T")
-_CHUNK = 8 << 20
+CHUNK = 8 << 20
 
-# storage_options keys that hold credentials: accepted, used, never kept in a pickle or shown.
-SECRET_OPTIONS = frozenset({"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key",
-                            "aws_session_token", "headers"})
-_S3_OPTIONS = frozenset({"endpoint_url", "region_name", "profile", "anon", "max_attempts", "connect_timeout",
-                         "read_timeout", "max_concurrency", "backoff", "max_backoff", "client", "part_size"}) | SECRET_OPTIONS
-
-
-class FetchError(OSError):
-    """A request that failed after its retry budget: names the URL, the last status, the attempts."""
-
-
-class ObjectChanged(OSError):
-    """The object was rewritten since it was listed (its version tag no longer matches)."""
-
-
-class Refused(PermissionError):
-    """401/403: the credentials were refused (a client asks its chain for new ones first)."""
-
-
-def _changed(url: Url, version: str) -> ObjectChanged:
-    return ObjectChanged(f"{url}: the object changed since the source was opened (it is no longer version "
-                         f"{version}); open the source again")
-
-
-def _refused(url: Url, label: str, renewable: bool) -> PermissionError:
-    more = ("; the credential chain gave no new credentials" if renewable else
-            "; check the credentials (environment, config files, instance role) and the bucket's policy")
-    return PermissionError(f"{url}: access denied ({label}){more}")
-
-
-class _Transient(Exception):
-    """A failure worth retrying (a reset, a timeout, a 5xx, throttling, a short body)."""
-
-    def __init__(self, status: str):
-        super().__init__(status)
-        self.status = status
+S3_OPTIONS = ALLOWED["s3"]
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 6  # tries in all, the first included
-    backoff: float = 0.1  # seconds before the second try; doubled each time, with full jitter
-    max_backoff: float = 5.0
+    attempts: int = DEFAULTS["max_attempts"]  # storage_options' defaults (options.py)
+    backoff: float = DEFAULTS["backoff"]
+    max_backoff: float = DEFAULTS["max_backoff"]
 
     def run(self, what: str, url: Url, fn: Callable[[], T], on_retry: Callable[[], None] | None = None) -> T:
-        """fn(), again after a jittered exponential backoff while it raises _Transient; after
+        """fn(), again after a jittered exponential backoff while it raises Transient; after
         `attempts` tries a FetchError naming the URL, the last status and the attempts."""
         last = ""
         for attempt in range(1, self.attempts + 1):
             try:
                 with quiet():  # no third-party debug log of the request (it holds credentials)
                     return fn()
-            except _Transient as e:
+            except Transient as e:
                 last = e.status
             if attempt < self.attempts:
                 if on_retry is not None:
@@ -88,7 +52,7 @@ class RetryPolicy:
         raise FetchError(f"{what} {url} failed after {self.attempts} attempts; last: {last}")
 
 
-def _check_options(options: Mapping[str, Any], allowed: frozenset, scheme: str) -> dict[str, Any]:
+def check_options(options: Mapping[str, Any], allowed: frozenset, scheme: str) -> dict[str, Any]:
     if not isinstance(options, Mapping):
         raise TypeError(f"storage_options must be a dict, got {type(options).__name__}")
     unknown = sorted(str(k) for k in options if k not in allowed)
@@ -109,12 +73,11 @@ def redacted_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in SECRET_OPTIONS}
 
 
-def _policy(options: Mapping[str, Any]) -> RetryPolicy:
+def retry_policy(options: Mapping[str, Any]) -> RetryPolicy:
     attempts = options.get("max_attempts", RetryPolicy.attempts)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"storage_options['max_attempts'] must be an integer >= 1, got {attempts!r}")
-    return RetryPolicy(attempts, float(options.get("backoff", RetryPolicy.backoff)),
-                       float(options.get("max_backoff", RetryPolicy.max_backoff)))
+    return RetryPolicy(attempts, setting(options, "backoff"), setting(options, "max_backoff"))
 
 
 def configure_parts(client: "Client", options: Mapping[str, Any], default: int) -> None:
@@ -196,7 +159,7 @@ class BodyCheck:
     def finish(self, out: BinaryIO) -> None: ...
 
 
-def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | None, url: Url,
+def write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | None, url: Url,
                 check: BodyCheck | None = None) -> int:
     out.seek(0)
     out.truncate()
@@ -204,7 +167,7 @@ def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | Non
         check.start()
     n = 0
     while True:
-        chunk = read(_CHUNK)
+        chunk = read(CHUNK)
         if not chunk:
             break
         view = memoryview(chunk)
@@ -213,178 +176,14 @@ def _write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | Non
             check.feed(view)
         n += len(view)
     if expected is not None and n != expected:
-        raise _Transient(f"truncated body: {n} of {expected} bytes")
+        raise Transient(f"truncated body: {n} of {expected} bytes")
     if check is not None:
         out.flush()
         try:
             check.finish(out)
         except ValueError as e:
-            raise _Transient(f"corrupt body ({e})") from None
+            raise Transient(f"corrupt body ({e})") from None
     return n
-
-
-class S3Client(Client):
-    """boto3 with its retries off (RetryPolicy retries), one pooled client shared by the threads
-    (botocore clients are thread-safe), a connection per concurrent request."""
-
-    def __init__(self, options: Mapping[str, Any]):
-        import boto3  # noqa: PLC0415 - only S3 users need it
-        import botocore.config  # noqa: PLC0415
-        from botocore import UNSIGNED  # noqa: PLC0415
-
-        opts = _check_options(options, _S3_OPTIONS, "s3")
-        self.policy = _policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
-        # Parts only when asked: boto3 reads each part's body through Python into a buffer, one
-        # copy more than a whole object streamed to the file (obstore hands out its own buffer).
-        configure_parts(self, opts, 0)
-        config = botocore.config.Config(
-            # A connection for each request at once: the parts (parts.py) and the whole GETs.
-            retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=2 * self.concurrency,
-            connect_timeout=float(opts.get("connect_timeout", 10)), read_timeout=float(opts.get("read_timeout", 60)),
-            signature_version=UNSIGNED if opts.get("anon") else None)
-        self._read_timeout = config.read_timeout
-        key = opts.get("key", opts.get("aws_access_key_id"))
-        secret = opts.get("secret", opts.get("aws_secret_access_key"))
-        # The chain (renewed when a server refuses its credentials) unless credentials are given.
-        self._chain = None if opts.get("anon") or key is not None or secret is not None else aws_chain(opts.get("profile"))
-        static = boto3.session.Session(profile_name=opts.get("profile"), aws_access_key_id=key,
-                                       aws_secret_access_key=secret,
-                                       aws_session_token=opts.get("token", opts.get("aws_session_token")))
-
-        def make(session: Any) -> Any:
-            # endpoint_url None: boto3 reads AWS_ENDPOINT_URL (and AWS_ENDPOINT_URL_S3) itself.
-            return session.client("s3", endpoint_url=opts.get("endpoint_url"), region_name=opts.get("region_name"),
-                                  config=config)
-
-        self._make = make
-        self._s3 = make(self._chain.creds[0] if self._chain is not None else static)
-        self._generation = 0
-        self._lock = threading.Lock()
-        self.requests = 0
-
-    def _count(self) -> None:
-        with self._lock:
-            self.requests += 1
-
-    def _client(self) -> tuple[Any, int]:
-        with self._lock:
-            return self._s3, self._generation
-
-    def _renewed(self, generation: int) -> bool:
-        """After a refusal of generation `generation`'s credentials: a client with new ones."""
-        if self._chain is None or not self._chain.renew(generation):
-            return False
-        # Made with no lock held (see credentials.Renewable.renew); a race makes two, one is kept.
-        session, latest = self._chain.creds[0], self._chain.generation
-        s3 = self._make(session)
-        with self._lock:
-            if self._generation < latest:
-                self._s3, self._generation = s3, latest
-        return True
-
-    def _call(self, url: Url, what: str, fn: Callable[[Any], T], version: str | None = None) -> T:
-        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
-
-        def once() -> T:
-            for attempt in (0, 1):  # the second with renewed credentials
-                s3, generation = self._client()
-                try:
-                    return fn(s3)
-                except ClientError as e:
-                    err = e.response.get("Error", {})
-                    code = str(err.get("Code", ""))
-                    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-                    label = f"HTTP {status} {code}".strip()
-                    if status in (404,) or code in ("NoSuchKey", "NoSuchBucket", "404", "NotFound"):
-                        raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
-                    if status == 412 and version is not None:
-                        raise _changed(url, version) from None
-                    if status in (401, 403) or code in ("AccessDenied", "403", "InvalidAccessKeyId",
-                                                        "SignatureDoesNotMatch", "ExpiredToken"):
-                        if attempt == 0 and self._renewed(generation):
-                            continue
-                        raise _refused(url, label, self._chain is not None) from None
-                    if status >= 500 or status == 429 or code in ("SlowDown", "Throttling", "RequestTimeout"):
-                        raise _Transient(label) from None
-                    raise OSError(f"{what} {url}: {label}") from None
-                except BotoCoreError as e:
-                    # Connection resets, timeouts, short reads: the class names the failure without
-                    # carrying request headers (which hold the signature) into the message.
-                    raise _Transient(type(e).__name__) from None
-                except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
-                    raise _Transient(type(e).__name__) from None
-            raise AssertionError("unreachable")
-
-        return self.policy.run(what, url, once)
-
-    def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
-        out: list[tuple[Url, int, str]] = []
-        token: str | None = None
-        prefix = prefix.child("")  # a folder: "tok/", never "tok-old/" or "tokenizer.bin"
-        while True:
-            args = {"Bucket": prefix.bucket, "Prefix": prefix.key}
-            if token:
-                args["ContinuationToken"] = token
-            page = self._call(prefix, "listing", lambda s3: s3.list_objects_v2(**args))
-            out += [(prefix._replace(key=o["Key"]), int(o["Size"]), str(o.get("ETag", "")))
-                    for o in page.get("Contents", [])]
-            if not page.get("IsTruncated"):
-                break
-            token = page["NextContinuationToken"]
-        return sorted(out, key=lambda t: t[0].key)
-
-    def stat(self, url: Url) -> tuple[int, str]:
-        head = self._call(url, "HEAD", lambda s3: s3.head_object(Bucket=url.bucket, Key=url.key))
-        return int(head["ContentLength"]), str(head.get("ETag", ""))
-
-    def _get(self, url: Url, out: BinaryIO, expected: int | None, check: BodyCheck | None, version: str | None,
-             range_: str | None = None, answer: dict | None = None) -> int:
-        import urllib3.exceptions  # noqa: PLC0415 - botocore's transport
-
-        args = {"Bucket": url.bucket, "Key": url.key}
-        if version is not None:
-            args["IfMatch"] = version
-        if range_ is not None:
-            args["Range"] = range_
-
-        from botocore.exceptions import BotoCoreError  # noqa: PLC0415
-
-        def once(s3: Any) -> int:
-            self._count()
-            started = time.monotonic()
-            resp = s3.get_object(**args)
-            if answer is not None:
-                answer["total"] = range_total(resp.get("ContentRange"))
-            if version is not None and resp.get("ETag") and resp["ETag"] != version:  # a server that ignores IfMatch
-                resp["Body"].close()
-                raise _changed(url, version)
-            body = resp["Body"]
-            size = resp.get("ContentLength", expected)
-            # botocore's body (its private _raw_stream) reads whole chunks: a trickle is cut by
-            # the deadline (deadline.py).
-            raw = getattr(body, "_raw_stream", None)
-            try:
-                with watched(lambda: raw.fileno(), started, body_limit(self._read_timeout, size)) as watch:
-                    try:
-                        return _write_body(body.read, out, expected, url, check)
-                    except (urllib3.exceptions.HTTPError, BotoCoreError, _Transient) as e:
-                        if watch.fired:
-                            raise _Transient(watch.label) from None
-                        raise e if isinstance(e, _Transient) else _Transient(type(e).__name__) from None
-            finally:
-                body.close()
-
-        return self._call(url, "GET", once, version)
-
-    def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
-                  check: BodyCheck | None = None, version: str | None = None) -> int:
-        return self._get(url, out, expected, check, version)
-
-    def read_range(self, url: Url, start: int, end: int, version: str | None = None) -> tuple[Any, int | None]:
-        buf, answer = io.BytesIO(), {}
-        self._get(url, buf, end - start, None, version, f"bytes={start}-{end - 1}", answer)
-        return buf.getbuffer(), answer["total"]
 
 
 def range_total(content_range: str | None) -> int | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .client import Client, S3Client
+from .boto3_s3 import S3Client
+from .client import Client
 from .obstore_s3 import ObstoreS3Client
 from .gcs import GcsClient
 from .http import HttpClient

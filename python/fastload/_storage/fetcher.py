@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .cache import Entry, ObjectCache
+from .cache import Entry, ObjectCache, cache_too_small
 from .client import Client
 from .stats import StorageStats
 
@@ -150,9 +150,8 @@ class Fetcher:
         need = int(np.sort(self.shard_bytes)[::-1][:threads].sum())  # each thread in a shard of its own
         if need > self.limit:
             fit = int(np.searchsorted(np.cumsum(np.sort(self.shard_bytes)[::-1]), self.limit, side="right"))
-            raise ValueError(f"cache_limit is {self.limit} bytes, but {threads} collation threads each read a shard "
-                             f"at once ({need} bytes for the {threads} largest): raise cache_limit to at least "
-                             f"{need} bytes, or pass num_threads={max(1, fit)}")
+            raise cache_too_small(self.limit, need, f"but {threads} collation threads each read a shard at once ({need} "
+                                  f"bytes for the {threads} largest)", f", or pass num_threads={max(1, fit)}")
         # The most files each thread may pin: the largest files of all threads' pins fit the limit.
         # A cache that holds every file needs no bound (a batch of a cached epoch pins its ~100
         # distinct files in one go).

@@ -21,17 +21,16 @@ import time
 import urllib.parse
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
-from .client import (BodyCheck, Client, Refused, _changed, _check_options, _policy, _refused, configure_parts,
+from .client import (BodyCheck, Client, Refused, changed_error, check_options, retry_policy, refused_error, configure_parts,
                      range_total)
 from .credentials import BearerTokens, google_chain
 from .http import http_open, read_response
+from .options import ALLOWED, setting
 from .urls import Url
 
 T = TypeVar("T")
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
-_OPTIONS = frozenset({"endpoint_url", "anon", "token", "max_attempts", "connect_timeout", "read_timeout",
-                      "max_concurrency", "backoff", "max_backoff", "part_size"})
 
 
 class GcsClient(Client):
@@ -40,11 +39,11 @@ class GcsClient(Client):
     as given), and the retry and concurrency settings every client takes."""
 
     def __init__(self, options: Mapping[str, Any]):
-        opts = _check_options(options, _OPTIONS, "gs")
-        self.policy = _policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
+        opts = check_options(options, ALLOWED["gs"], "gs")
+        self.policy = retry_policy(opts)
+        self.concurrency = setting(opts, "max_concurrency")
         configure_parts(self, opts, 0)  # parts only when asked: bodies are read through Python, as boto3's
-        self._timeout = float(opts.get("read_timeout", 60))
+        self._timeout = setting(opts, "read_timeout")
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         endpoint = opts.get("endpoint_url") or emulator or DEFAULT_ENDPOINT
         if "://" not in endpoint:  # STORAGE_EMULATOR_HOST may be host:port
@@ -93,7 +92,7 @@ class GcsClient(Client):
                     label = str(e).rsplit("(", 1)[-1].rstrip(")")
                     if attempt == 0 and self._tokens is not None and self._tokens.renew(generation, headers):
                         continue
-                    raise _refused(url, label, self._tokens is not None) from None
+                    raise refused_error(url, label, self._tokens is not None) from None
             raise AssertionError("unreachable")
 
         return self.policy.run(what, url, once)
@@ -124,13 +123,13 @@ class GcsClient(Client):
             return
         sent = r.headers.get("X-Goog-Generation")
         if sent and sent != version:
-            raise _changed(url, version)
+            raise changed_error(url, version)
         with self._lock:
             listed = self._hashes.get((url.bucket, url.key, version))
         if listed and r.headers.get("X-Goog-Hash"):
             got = dict(part.strip().split("=", 1) for part in r.headers["X-Goog-Hash"].split(",") if "=" in part)
             if any(got.get(k) not in (None, v) for k, v in listed.items()):
-                raise _changed(url, version)
+                raise changed_error(url, version)
 
     # ------------------------------------------------------------------ Client
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:

@@ -17,13 +17,13 @@ import urllib.parse
 import urllib.request
 from typing import Any, BinaryIO, Iterable, Mapping
 
-from .client import (BodyCheck, Client, Refused, _changed, _check_options, _policy, _Transient, _write_body,
+from .client import (BodyCheck, Client, Refused, changed_error, check_options, retry_policy, Transient, write_body,
                      configure_parts, range_total)
 from .deadline import body_limit, watched
+from .options import ALLOWED, setting
 from .urls import Url
 
-HTTP_OPTIONS = frozenset({"headers", "max_attempts", "connect_timeout", "read_timeout", "max_concurrency",
-                          "backoff", "max_backoff", "part_size"})
+HTTP_OPTIONS = ALLOWED["http(s)"]
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
@@ -67,14 +67,14 @@ def http_open(target: str, method: str, headers: Mapping[str, str], timeout: flo
         if e.code == 404:
             raise FileNotFoundError(f"{url}: no such object ({label})") from None
         if e.code == 412 and version:
-            raise _changed(url, version) from None
+            raise changed_error(url, version) from None
         if e.code in (401, 403):
             raise Refused(f"{url}: access denied ({label})") from None
         if e.code >= 500 or e.code in (408, 429):
-            raise _Transient(label) from None
+            raise Transient(label) from None
         raise OSError(f"{method} {url}: {label}") from None
     except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
-        raise _Transient(type(getattr(e, "reason", e)).__name__) from None
+        raise Transient(type(getattr(e, "reason", e)).__name__) from None
 
 
 def read_response(r: Any, out: BinaryIO, expected: int | None, url: Url, check: BodyCheck | None,
@@ -83,11 +83,11 @@ def read_response(r: Any, out: BinaryIO, expected: int | None, url: Url, check: 
     size = expected if expected is not None else _length(r)
     with watched(r.fileno, started, body_limit(read_timeout, size)) as watch:
         try:
-            return _write_body(r.read, out, expected, url, check)
-        except (ConnectionError, TimeoutError, http.client.HTTPException, _Transient) as e:
+            return write_body(r.read, out, expected, url, check)
+        except (ConnectionError, TimeoutError, http.client.HTTPException, Transient) as e:
             if watch.fired:
-                raise _Transient(watch.label) from None
-            raise e if isinstance(e, _Transient) else _Transient(type(e).__name__) from None
+                raise Transient(watch.label) from None
+            raise e if isinstance(e, Transient) else Transient(type(e).__name__) from None
 
 
 def _length(r: Any) -> int | None:
@@ -106,12 +106,12 @@ class HttpClient(Client):
     origin by a redirect."""
 
     def __init__(self, options: Mapping[str, Any]):
-        opts = _check_options(options, HTTP_OPTIONS, "http(s)")
-        self.policy = _policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
+        opts = check_options(options, HTTP_OPTIONS, "http(s)")
+        self.policy = retry_policy(opts)
+        self.concurrency = setting(opts, "max_concurrency")
         configure_parts(self, opts, 0)  # a server may ignore Range and send it all: parts only when asked
         self._headers = dict(opts.get("headers") or {})
-        self._timeout = float(opts.get("read_timeout", 60))
+        self._timeout = setting(opts, "read_timeout")
         self._lock = threading.Lock()
         self.requests = 0
 
@@ -126,7 +126,7 @@ class HttpClient(Client):
         tag = answer_tag(r)
         if version and tag and tag != version:  # a server that ignores If-Match / If-Unmodified-Since
             r.close()
-            raise _changed(url, version)
+            raise changed_error(url, version)
         return r
 
     def list(self, prefix: Url) -> list[tuple[Url, int, str]]:
@@ -168,7 +168,7 @@ class HttpClient(Client):
                 read_response(r, buf, None, url, None, started, self._timeout)  # a server without ranges sends it all
             data = buf.getbuffer()
             if len(data) < end:
-                raise _Transient(f"truncated body: {len(data) - start} of {end - start} bytes")
+                raise Transient(f"truncated body: {len(data) - start} of {end - start} bytes")
             return data[start:end], len(data)
 
         return self.policy.run("GET", url, once)

@@ -8,10 +8,12 @@ import re
 import threading
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
-from .client import (_CHUNK, _S3_OPTIONS, BodyCheck, Client, S3Client, _changed, _check_options, _policy, _refused,
-                     _Transient, _write_body, configure_parts)
+from .boto3_s3 import S3Client
+from .client import (CHUNK, S3_OPTIONS, BodyCheck, Client, changed_error, check_options, retry_policy, refused_error,
+                     Transient, write_body, configure_parts)
 from .credentials import aws_chain, obstore_s3_provider
 from .parts import DEFAULT_PART_SIZE
+from .options import setting
 from .urls import Url
 
 T = TypeVar("T")
@@ -34,11 +36,11 @@ class ObstoreS3Client(Client):
         import obstore  # noqa: PLC0415
         from obstore.store import S3Store  # noqa: PLC0415
 
-        opts = _check_options(options, _S3_OPTIONS, "s3")
+        opts = check_options(options, S3_OPTIONS, "s3")
         self._options = opts  # for a listing obstore cannot make (list)
         self._obstore, self._store_type = obstore, S3Store
-        self.policy = _policy(opts)
-        self.concurrency = int(opts.get("max_concurrency", 16))
+        self.policy = retry_policy(opts)
+        self.concurrency = setting(opts, "max_concurrency")
         configure_parts(self, opts, DEFAULT_PART_SIZE)
         endpoint = opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self._config: dict[str, Any] = {}
@@ -48,8 +50,8 @@ class ObstoreS3Client(Client):
         if region:
             self._config["region"] = region
         self._client_options = {"allow_http": bool(endpoint and endpoint.startswith("http:")),
-                                "connect_timeout": f"{float(opts.get('connect_timeout', 10))}s",
-                                "timeout": f"{float(opts.get('read_timeout', 60))}s"}
+                                "connect_timeout": f"{setting(opts, 'connect_timeout')}s",
+                                "timeout": f"{setting(opts, 'read_timeout')}s"}
         self._chain = None
         key, secret = opts.get("key", opts.get("aws_access_key_id")), opts.get("secret", opts.get("aws_secret_access_key"))
         if opts.get("anon"):
@@ -96,7 +98,7 @@ class ObstoreS3Client(Client):
                 except ox.PreconditionError:
                     if version is None:
                         raise OSError(f"{what} {url}: HTTP 412 precondition failed") from None
-                    raise _changed(url, version) from None
+                    raise changed_error(url, version) from None
                 except (ox.PermissionDeniedError, ox.UnauthenticatedError) as e:
                     label = _label(str(e), type(e).__name__)
                 except ValueError as e:  # obstore's Path refuses the key before any request
@@ -116,15 +118,15 @@ class ObstoreS3Client(Client):
                     if n == 404:
                         raise FileNotFoundError(f"{url}: no such object or bucket ({label})") from None
                     if n == 412 and version is not None:
-                        raise _changed(url, version) from None
+                        raise changed_error(url, version) from None
                     if n not in (401, 403):
                         if 400 <= n < 500 and n not in (408, 429):
                             raise OSError(f"{what} {url}: {label}") from None
-                        raise _Transient(label if status else self._unanswered(text)) from None
+                        raise Transient(label if status else self._unanswered(text)) from None
                 # Refused (401/403): the chain again, and once more with what it gives.
                 if attempt == 0 and self._chain is not None and self._chain.renew(generation):
                     continue
-                raise _refused(url, label, self._chain is not None) from None
+                raise refused_error(url, label, self._chain is not None) from None
             raise AssertionError("unreachable")
 
         return self.policy.run(what, url, once)
@@ -172,7 +174,7 @@ class ObstoreS3Client(Client):
     def _check_answer(result: Any, url: Url, version: str | None) -> None:
         tag = result.meta.get("e_tag") if version is not None else None
         if tag and tag != version:  # a server that ignores If-Match
-            raise _changed(url, version)  # type: ignore[arg-type]
+            raise changed_error(url, version)  # type: ignore[arg-type]
 
     def get_whole(self, url: Url, out: BinaryIO, expected: int | None = None,
                   check: BodyCheck | None = None, version: str | None = None) -> int:
@@ -183,7 +185,7 @@ class ObstoreS3Client(Client):
                 self.requests += 1
             result = self._obstore.get(store, url.key, options=options)
             self._check_answer(result, url, version)
-            return _write_body(_chunks(result.stream(min_chunk_size=_CHUNK)), out, expected, url, check)
+            return write_body(_chunks(result.stream(min_chunk_size=CHUNK)), out, expected, url, check)
 
         return self._call(url, "GET", run, version)
 
@@ -199,7 +201,7 @@ class ObstoreS3Client(Client):
             self._check_answer(result, url, version)
             data = result.bytes()  # obstore's own buffer: no copy
             if len(data) != end - start:
-                raise _Transient(f"truncated body: {len(data)} of {end - start} bytes")
+                raise Transient(f"truncated body: {len(data)} of {end - start} bytes")
             return data, int(result.meta["size"])  # the object's (object_store reads Content-Range)
 
         return self._call(url, "GET", run, version)

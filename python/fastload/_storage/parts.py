@@ -18,6 +18,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, BinaryIO
 
+from .errors import Transient
+
 if TYPE_CHECKING:
     from .client import BodyCheck, Client
     from .urls import Url
@@ -58,8 +60,6 @@ def get_in_parts(client: "Client", url: "Url", out: BinaryIO, size: int, check: 
     """The object of `size` bytes written to `out` by part_count(size) ranged GETs at once;
     its bytes. Raises what a part raised after its retries (naming the URL), and a FetchError
     once the check has refused the assembled object `client.policy.attempts` times."""
-    from .client import _Transient  # noqa: PLC0415 - client.py imports this module
-
     part_size = client.part_size
     bounds = [(a, min(a + part_size, size)) for a in range(0, size, part_size)]
     fd = out.fileno()
@@ -67,7 +67,7 @@ def get_in_parts(client: "Client", url: "Url", out: BinaryIO, size: int, check: 
     def fetch_part(start: int, end: int) -> None:
         data, total = client.read_range(url, start, end, version)
         if total is not None and total != size:  # a whole GET finds this by the body's length
-            raise _Transient(f"the object has {total} bytes, not {size}")
+            raise Transient(f"the object has {total} bytes, not {size}")
         view = memoryview(data)
         while len(view):  # pwrite may write less than asked
             view = view[os.pwrite(fd, view, start):]
@@ -91,7 +91,7 @@ def get_in_parts(client: "Client", url: "Url", out: BinaryIO, size: int, check: 
             try:
                 _check_file(fd, size, out, check)
             except ValueError as e:
-                raise _Transient(f"corrupt body ({e})") from None
+                raise Transient(f"corrupt body ({e})") from None
         return size
 
     return client.policy.run("GET", url, once)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .cache import cache_too_small
 from .fetcher import PlanWindow
 
 _HORIZON = 1 << 20  # samples of the order (all sources) per window a fetcher holds
@@ -17,7 +18,8 @@ _FIRST_STEPS = 4  # steps of a run's first window (then windows of _HORIZON samp
 
 
 def _fetcher_of(source: Any) -> Any:
-    get = getattr(source, "_remote_fetcher", None)
+    """The source's FileSet that follows the run's order (Source.stored_files()), or None."""
+    get = getattr(source, "stored_files", None)
     return get() if callable(get) else None
 
 
@@ -119,9 +121,8 @@ def _check_room(fetcher: Any, order: Any, part: int, kind: str | None) -> None:
             # cache can hold: no other order reads fewer.
             way_out = ("" if kind == "block" else
                        ", or use order='block' (a step then reads the shards of one window at a time)")
-            raise ValueError(f"cache_limit is {fetcher.limit} bytes, but one step reads {need} bytes of shards (step "
-                             f"{int(steps[worst])} reads {shards} shards together): raise cache_limit "
-                             f"to at least {need} bytes{way_out}")
+            raise cache_too_small(fetcher.limit, need, f"but one step reads {need} bytes of shards (step "
+                                  f"{int(steps[worst])} reads {shards} shards together)", way_out)
 
 
 def _sorted_unique(keys: np.ndarray) -> np.ndarray:
