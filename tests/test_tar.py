@@ -157,8 +157,8 @@ def test_brace_patterns_folders_and_lists(tmp_path):
         fl.Tar([paths[0], paths[0]])
     with pytest.raises(FileNotFoundError, match="no tar shard"):
         fl.Tar(str(tmp_path / "nope-{0..1}.tar"))
-    with pytest.raises(NotImplementedError, match="local tar shards only"):
-        fl.Tar("s3://bucket/train-{0..1}.tar")
+    with pytest.raises(ValueError, match="mixes URLs and local paths"):
+        fl.Tar([paths[0], "s3://bucket/train-0.tar"])
 
 
 def test_empty_shards_are_skipped_and_counted(tmp_path):

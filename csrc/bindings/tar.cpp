@@ -84,17 +84,18 @@ void register_tar(py::module_& m) {
     return py::make_tuple(h.descr, h.fortran_order, h.shape, h.data_offset);
   }, py::arg("data"), "(descr, fortran_order, shape, data offset) of a .npy file's header.");
 
-  // shards, sizes, mtimes (ns): per shard; starts: shards + 1; offsets, sizes: samples x columns
-  // int64; keys: uint8; key_offsets: samples + 1; fields: (name, kind, column, npy descr, npy
-  // shape, (dl code, bits), Image.native() or None) each; fallback: the image fallback or None.
-  m.def("TarSource", [](std::vector<std::string> shards, std::vector<int64_t> shard_sizes,
-                        std::vector<int64_t> shard_mtimes, std::vector<int64_t> shard_starts, const py::object& offsets,
+  // files: the LazyFiles of the shards' files; shards (names), sizes, files (index in `files`):
+  // per shard; starts: shards + 1; offsets, sizes: samples x columns int64; keys: uint8;
+  // key_offsets: samples + 1; fields: (name, kind, column, npy descr, npy shape, (dl code,
+  // bits), Image.native() or None) each; fallback: the image fallback or None.
+  m.def("TarSource", [](const py::object& files, std::vector<std::string> shards, std::vector<int64_t> shard_sizes,
+                        std::vector<int32_t> shard_files, std::vector<int64_t> shard_starts, const py::object& offsets,
                         const py::object& sizes, const py::object& keys, const py::object& key_offsets,
                         const py::list& fields, const py::object& fallback) {
     image::TarSampleTable table;
     table.shards = std::move(shards);
     table.shard_sizes = std::move(shard_sizes);
-    table.shard_mtimes = std::move(shard_mtimes);
+    table.shard_files = std::move(shard_files);
     table.shard_starts = std::move(shard_starts);
     const py::ssize_t n = table.shard_starts.empty() ? 0 : table.shard_starts.back();
     const Int64s off = py::cast<Int64s>(offsets);
@@ -121,9 +122,10 @@ void register_tar(py::module_& m) {
       if (f.kind == image::TarFieldKind::kImage) f.spec = image_spec_from(t[6].cast<py::tuple>());
       list.push_back(std::move(f));
     }
-    auto source = std::make_shared<image::TarSource>(std::move(table), std::move(list), image_fallback_from(fallback));
-    return SourceHandle{std::move(source), py::make_tuple(offsets, sizes, keys, key_offsets, fallback)};
-  }, py::arg("shards"), py::arg("shard_sizes"), py::arg("shard_mtimes"), py::arg("shard_starts"), py::arg("offsets"),
+    auto source = std::make_shared<image::TarSource>(std::move(table), files.cast<std::shared_ptr<LazyFiles>>(),
+                                                     std::move(list), image_fallback_from(fallback));
+    return SourceHandle{std::move(source), py::make_tuple(files, offsets, sizes, keys, key_offsets, fallback)};
+  }, py::arg("files"), py::arg("shards"), py::arg("shard_sizes"), py::arg("shard_files"), py::arg("shard_starts"), py::arg("offsets"),
      py::arg("sizes"), py::arg("keys"), py::arg("key_offsets"), py::arg("fields"), py::arg("fallback"));
 }
 

@@ -1,11 +1,6 @@
 // Tar shards as a batch source; see tar_source.h.
 #include "image/tar_source.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -20,10 +15,6 @@
 namespace fastload::image {
 
 namespace {
-
-int64_t mtime_ns(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + static_cast<int64_t>(st.st_mtim.tv_nsec);
-}
 
 // Decimal text as webdataset writes class labels ("7", "7\n", " -3 "). False if it is not one.
 bool parse_decimal(const uint8_t* p, int64_t n, int64_t* out) {
@@ -52,51 +43,19 @@ std::string preview(const uint8_t* p, int64_t n) {
 
 }  // namespace
 
-TarShardMaps::TarShardMaps(const TarSampleTable& table)
-    : table_(table), maps_(new std::atomic<const uint8_t*>[table.shards.size()]) {
-  for (size_t s = 0; s < table.shards.size(); ++s) maps_[s].store(nullptr);
-}
-
-TarShardMaps::~TarShardMaps() {
-  for (size_t s = 0; s < table_.shards.size(); ++s) {
-    const uint8_t* p = maps_[s].load();
-    if (p) ::munmap(const_cast<uint8_t*>(p), static_cast<size_t>(table_.shard_sizes[s]));
-  }
-}
-
-const uint8_t* TarShardMaps::shard(size_t s) {
-  if (const uint8_t* p = maps_[s].load(std::memory_order_acquire)) return p;
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (const uint8_t* p = maps_[s].load(std::memory_order_relaxed)) return p;
-  const std::string& path = table_.shards[s];
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::runtime_error("tar shard '" + path + "': cannot open: " + std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    throw std::runtime_error("tar shard '" + path + "': cannot stat: " + std::strerror(e));
-  }
-  if (st.st_size != table_.shard_sizes[s] || mtime_ns(st) != table_.shard_mtimes[s]) {
-    ::close(fd);
-    throw std::runtime_error("tar shard '" + path + "' changed since it was indexed (size " +
-                             std::to_string(table_.shard_sizes[s]) + " -> " + std::to_string(st.st_size) +
-                             ", or its modification time): it is not read with a stale index; build fl.Tar again");
-  }
-  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) throw std::runtime_error("tar shard '" + path + "': cannot map: " + std::strerror(e));
-  maps_[s].store(static_cast<const uint8_t*>(map), std::memory_order_release);
-  return static_cast<const uint8_t*>(map);
-}
-
-TarSource::TarSource(TarSampleTable table, std::vector<TarField> fields, std::shared_ptr<const FallbackDecoder> fallback)
-    : table_(std::move(table)), fields_(std::move(fields)), fallback_(std::move(fallback)), maps_(table_) {
+TarSource::TarSource(TarSampleTable table, std::shared_ptr<LazyFiles> files, std::vector<TarField> fields,
+                     std::shared_ptr<const FallbackDecoder> fallback)
+    : table_(std::move(table)), files_(std::move(files)), fields_(std::move(fields)), fallback_(std::move(fallback)) {
   const size_t shards = table_.shards.size();
+  if (!files_) throw std::invalid_argument("tar samples: no files");
   if (table_.shard_starts.size() != shards + 1 || table_.shard_sizes.size() != shards ||
-      table_.shard_mtimes.size() != shards || table_.shard_starts.front() != 0)
-    throw std::invalid_argument("tar samples: shard starts, sizes and times do not match the shards");
+      table_.shard_files.size() != shards || table_.shard_starts.front() != 0)
+    throw std::invalid_argument("tar samples: shard starts, sizes and files do not match the shards");
+  for (size_t s = 0; s < shards; ++s) {
+    const int32_t f = table_.shard_files[s];
+    if (f < 0 || static_cast<size_t>(f) >= files_->size() || files_->file(f).bytes < table_.shard_sizes[s])
+      throw std::invalid_argument("tar samples: shard " + std::to_string(s) + " has no file of its size");
+  }
   for (size_t s = 0; s < shards; ++s)
     if (table_.shard_starts[s] > table_.shard_starts[s + 1])
       throw std::invalid_argument("tar samples: shard starts out of order");
@@ -184,13 +143,19 @@ void TarSource::fill(const FillRequest& r) {
     if (r.extras) *r.extras = lists;
   }
   const int64_t n = table_.samples();
+  // The shard of consecutive samples stays pinned (mapped, not evicted) while they are read; the
+  // samples read from it are counted when it is unpinned (the fetcher of remote shards evicts a
+  // shard only after the plan's reads of it are done).
+  PinnedFiles pinned(*files_);
+  int32_t pinned_file = -1, read_from_it = 0;
+  const std::byte* base = nullptr;
   for (int64_t i = 0; i < r.count; ++i) {
     const int64_t id = r.ids[i];
     if (id < 0 || id >= n)
       throw std::out_of_range("sample id " + std::to_string(id) + " out of range [0, " + std::to_string(n) + ")");
     const auto shard = static_cast<size_t>(
         std::upper_bound(table_.shard_starts.begin(), table_.shard_starts.end(), id) - table_.shard_starts.begin() - 1);
-    const uint8_t* base = nullptr;
+    bool counted = false;
     for (size_t k = 0; k < fields_.size(); ++k) {
       const TarField& f = fields_[k];
       const uint8_t* member = nullptr;
@@ -205,10 +170,16 @@ void TarSource::fill(const FillRequest& r) {
         size = table_.sizes[cell];
         if (offset < 0)
           throw std::invalid_argument(where(id, shard) + " has no field '" + f.name + "'");
-        if (!base) base = maps_.shard(shard);
         if (offset + size > table_.shard_sizes[shard])
           throw std::invalid_argument("field '" + f.name + "' of " + where(id, shard) + " runs past the shard's end");
-        member = base + offset;
+        if (pinned_file != table_.shard_files[shard]) {
+          pinned.release();
+          pinned_file = table_.shard_files[shard];
+          read_from_it = 0;
+          pinned.pin(&pinned_file, 1, &base, &read_from_it);
+        }
+        if (!counted) ++read_from_it, counted = true;
+        member = reinterpret_cast<const uint8_t*>(base) + offset;
       }
       if (f.is_list()) {
         const size_t l = part_of_[k];
@@ -219,7 +190,8 @@ void TarSource::fill(const FillRequest& r) {
         continue;
       }
       const PartSchema& part = schema_[part_of_[k]];
-      fill_part(f, id, shard, member, size, r.parts[part_of_[k]] + static_cast<size_t>(i) * part.row_bytes, part.row_bytes, r);
+      fill_part(f, id, shard, member, size, r.parts[part_of_[k]] + static_cast<size_t>(i) * part.row_bytes,
+                part.row_bytes, r);
     }
   }
 }

@@ -1,17 +1,17 @@
 // Tar shards as a batch source (fl.Tar's native side): sample i is a group of members of one
-// shard (tar_index.h), read as ranges of the memory-mapped shard by the collation threads.
+// shard (tar_index.h), read as ranges of the shard, mapped on demand by the collation
+// threads (lazy_mappings.h: the mapping budget, identity checks, fetches from object storage).
 // Fields become int64 parts (class labels as decimal text), fixed-shape .npy parts, decoded
 // images (image_decoder.h), or lists of str / parsed JSON / bytes carried with the batch
 // (ArrowStringLists, turned into Python lists by the bindings). No Python per member or sample.
 #pragma once
-#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/batch_source.h"
+#include "core/lazy_mappings.h"
 #include "image/image_decoder.h"
 #include "image/image_spec.h"
 
@@ -35,11 +35,11 @@ struct TarField {
 // Every shard's samples, as arrays Python owns (the handle keeps them alive): sample i of the
 // dataset is in shard s where shard_starts[s] <= i < shard_starts[s + 1]; its field in column c
 // is bytes [offsets[i * columns + c], + sizes[...]) of that shard (offset -1: missing); its key
-// is keys[key_offsets[i], key_offsets[i + 1]).
+// is keys[key_offsets[i], key_offsets[i + 1]). Shard s is file shard_files[s] of the LazyFiles.
 struct TarSampleTable {
-  std::vector<std::string> shards;
+  std::vector<std::string> shards;      // names for errors (paths or URLs)
   std::vector<int64_t> shard_sizes;     // bytes, as indexed
-  std::vector<int64_t> shard_mtimes;    // st_mtime in nanoseconds, as indexed
+  std::vector<int32_t> shard_files;     // the shard's file in the LazyFiles
   std::vector<int64_t> shard_starts;    // shards + 1
   const int64_t* offsets = nullptr;
   const int64_t* sizes = nullptr;
@@ -49,26 +49,14 @@ struct TarSampleTable {
   int64_t samples() const { return shard_starts.empty() ? 0 : shard_starts.back(); }
 };
 
-// The shards mapped read-only on first use (each checked against its indexed size and time, so
-// a rewritten shard is refused, never read with a stale index) and unmapped with the source.
-class TarShardMaps {
- public:
-  explicit TarShardMaps(const TarSampleTable& table);
-  ~TarShardMaps();
-  TarShardMaps(const TarShardMaps&) = delete;
-  TarShardMaps& operator=(const TarShardMaps&) = delete;
-  const uint8_t* shard(size_t s);
-
- private:
-  const TarSampleTable& table_;
-  std::unique_ptr<std::atomic<const uint8_t*>[]> maps_;
-  std::mutex mutex_;
-};
-
 class TarSource final : public BatchSource {
  public:
-  // Throws std::invalid_argument for an inconsistent table or a bad field.
-  TarSource(TarSampleTable table, std::vector<TarField> fields, std::shared_ptr<const FallbackDecoder> fallback);
+  // `files`: the shards, mapped on demand under the process's mapping budget, each checked
+  // against the identity it had when indexed (a rewritten shard is refused, never read with a
+  // stale index); fetched first when they are objects in storage (LazyFiles' provider). Throws
+  // std::invalid_argument for an inconsistent table or a bad field.
+  TarSource(TarSampleTable table, std::shared_ptr<LazyFiles> files, std::vector<TarField> fields,
+            std::shared_ptr<const FallbackDecoder> fallback);
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return table_.samples(); }
   bool has_string_lists() const override { return lists_ > 0; }
@@ -80,12 +68,12 @@ class TarSource final : public BatchSource {
                  size_t row_bytes, const FillRequest& r) const;
 
   TarSampleTable table_;
+  std::shared_ptr<LazyFiles> files_;
   std::vector<TarField> fields_;
   std::shared_ptr<const FallbackDecoder> fallback_;
   std::vector<PartSchema> schema_;
   std::vector<size_t> part_of_;  // per field: its part (fields read as lists: its list)
   size_t lists_ = 0;
-  TarShardMaps maps_;
 };
 
 }  // namespace fastload::image

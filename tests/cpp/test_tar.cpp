@@ -1,7 +1,7 @@
 // tar_index.h and tar_source.h: tars built byte by byte here (ustar, PAX, GNU long names), every
 // prefix of a tar and every corrupted header byte (an error or a result, never a read outside
-// the buffer: ASan), and TarSource filled from several threads at once (the lazy shard mappings
-// under TSan).
+// the buffer: ASan), and TarSource filled from several threads at once through LazyFiles with a
+// budget of one mapping (pins, evictions and identity checks under TSan).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -153,10 +153,15 @@ TEST_CASE(tar_source_filled_from_threads) {
   CHECK(s.samples() == n && size == static_cast<int64_t>(tar.size()));
   struct stat st;
   ::stat(path, &st);
+  LazyFile file;
+  file.path = path;
+  file.bytes = size;
+  file.identity = {static_cast<int64_t>(st.st_dev), static_cast<int64_t>(st.st_ino), mtime_ns(st), size};
+  auto files = std::make_shared<LazyFiles>(std::make_shared<MappingCache>(1), std::vector<LazyFile>{file});
   image::TarSampleTable table;
   table.shards = {path};
   table.shard_sizes = {size};
-  table.shard_mtimes = {static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  table.shard_files = {0};
   table.shard_starts = {0, n};
   table.offsets = s.offsets.data();
   table.sizes = s.sizes.data();
@@ -173,7 +178,7 @@ TEST_CASE(tar_source_filled_from_threads) {
   const image::TarField cls = field("cls", image::TarFieldKind::kInt, 0);
   const image::TarField txt = field("txt", image::TarFieldKind::kText, 1);
   const image::TarField key = field("__key__", image::TarFieldKind::kKey, -1);
-  image::TarSource source(table, {cls, txt, key}, nullptr);
+  image::TarSource source(table, files, {cls, txt, key}, nullptr);
   CHECK(source.schema().size() == 1 && source.has_string_lists());
   std::vector<std::thread> threads;
   std::atomic<int> bad{0};
@@ -206,14 +211,15 @@ TEST_CASE(tar_source_filled_from_threads) {
   const int fd2 = ::open(path, O_WRONLY | O_APPEND);
   CHECK(::write(fd2, "x", 1) == 1);
   ::close(fd2);
-  image::TarSource stale(table, {cls}, nullptr);
+  auto stale_files = std::make_shared<LazyFiles>(std::make_shared<MappingCache>(1), std::vector<LazyFile>{file});
+  image::TarSource stale(table, stale_files, {cls}, nullptr);
   std::vector<int64_t> ids = {0}, out(1);
   std::byte* parts[] = {reinterpret_cast<std::byte*>(out.data())};
   FillRequest r;
   r.ids = ids.data();
   r.count = 1;
   r.parts = parts;
-  CHECK_THROWS(stale.fill(r), std::runtime_error, "changed since it was indexed");
+  CHECK_THROWS(stale.fill(r), std::invalid_argument, path);
   ::unlink(path);
 }
 

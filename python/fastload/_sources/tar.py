@@ -17,7 +17,8 @@ from .. import _C
 from .columns import numpy_dl_code
 from .image_fallback import fallback_for
 from .image_spec import Image
-from .tar_index_cache import ShardIndex, index_shards
+from .mapping import LazyTable
+from .tar_index_cache import ShardIndex, default_index_root, index_shards
 from .tar_urls import resolve_shards
 
 __all__ = ["Tar", "field_kind"]
@@ -50,23 +51,18 @@ def field_kind(field: str, decoded: bool = False) -> str:
     return "bytes"
 
 
-def _read_member(ix: ShardIndex, sample: int, column: int) -> bytes:
-    with open(ix.path, "rb") as f:
-        f.seek(int(ix.offsets[sample, column]))
-        return f.read(int(ix.sizes[sample, column]))
-
-
 class Tar:
     """WebDataset tar shards: ``fl.Tar("shards/train-{000000..000146}.tar")``.
 
     - ``urls``: a path, a folder (its .tar files, sorted), a brace pattern, or a list of them.
-      Local files only for now (object storage: not yet).
+      Local files, or URLs (s3://, gs://, http(s)://; a prefix is listed) fetched into the cache.
     - ``fields``: the fields to read, e.g. ``["jpg", "cls"]``, and ``"__key__"`` for the keys;
       None: every field found in the shards, and the keys. A sample that lacks a selected field
       is a ValueError naming the shard and the key.
     - ``decode``: ``{"jpg": fl.Image(224)}``: fields decoded natively into uint8 images.
     - ``cache_dir``: where shard indexes are kept (``<cache_dir>/tar-index``; default
-      ``~/.cache/fastload/tar-index``).
+      ``~/.cache/fastload/tar-index``), and for URLs the fetched shards; ``cache_limit``,
+      ``storage_options``: for URLs, as in docs/object-storage.md.
 
     Batches: cls/cls2/index/idx/id/label -> int64; npy -> one array per batch (one shape and
     type per field); decoded images -> uint8; txt/text -> list of str; json -> list of parsed
@@ -79,20 +75,31 @@ class Tar:
                  storage_options: dict | None = None):
         self._args = dict(urls=urls, fields=fields, decode=decode, cache_dir=cache_dir, cache_limit=cache_limit,
                           storage_options=storage_options)
-        cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        paths = resolve_shards(urls, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
-        indexes = index_shards(paths, None if cache_dir is None else os.path.join(cache_dir, "tar-index"))
-        self.empty_shards = [ix.path for ix in indexes if ix.samples == 0]
+        cache_dir = os.path.expanduser(os.fspath(cache_dir)) if cache_dir is not None else None
+        remote = any("://" in n for n in _flat(urls))
+        self._files = resolve_shards(urls, cache_dir=cache_dir if remote else None, cache_limit=cache_limit,
+                                     storage_options=storage_options)
+        root = default_index_root() if cache_dir is None else os.path.join(cache_dir, "tar-index")
+        indexes = index_shards(self._files, root)
+        self.empty_shards = [ix.name for ix in indexes if ix.samples == 0]
         self._indexes = [ix for ix in indexes if ix.samples > 0]
         if not self._indexes:
-            raise ValueError(f"none of the {len(indexes)} tar shards holds a sample (first: {paths[0]!r}): a sample is "
-                             "a group of members named <key>.<field>")
+            raise ValueError(f"none of the {len(indexes)} tar shards holds a sample (first: {indexes[0].name!r}): a "
+                             "sample is a group of members named <key>.<field>")
+        # The shards' files, mapped by the collation threads on demand (the mapping budget; each
+        # local file checked against the identity it had when indexed; objects fetched first).
+        identities = [ix.identity for ix in indexes]
+        self._table = LazyTable(self._files.paths, np.zeros(len(indexes), dtype=np.int64), self._files.sizes,
+                                identities)
+        if self._files.fetched:
+            self._files.provide_to(self._table.files)
+            self._files.shards_read(unit_of_shard=[ix.file for ix in self._indexes])
         found: dict[str, None] = {}
         for ix in self._indexes:
             found.update(dict.fromkeys(ix.fields))
         self._fields = self._select(fields, list(found))
         self._decode = self._check_decode(decode)
-        self._native = self._build()
+        self._build()
 
     # -- arguments --------------------------------------------------------------------------
     @staticmethod
@@ -133,7 +140,7 @@ class Tar:
         return out
 
     # -- the sample table -------------------------------------------------------------------
-    def _build(self) -> Any:
+    def _build(self) -> None:
         data_fields = [f for f in self._fields if f != KEY]
         starts = np.zeros(len(self._indexes) + 1, dtype=np.int64)
         np.cumsum([ix.samples for ix in self._indexes], out=starts[1:])
@@ -145,12 +152,12 @@ class Tar:
             rows = slice(int(starts[s]), int(starts[s + 1]))
             for c, f in enumerate(data_fields):
                 if f not in ix.fields:
-                    raise ValueError(f"tar shard {ix.path!r}: the sample with key {ix.key(0)!r} has no field {f!r}"
+                    raise ValueError(f"tar shard {ix.name!r}: the sample with key {ix.key(0)!r} has no field {f!r}"
                                      f"{self._hint()}")
                 col = ix.fields.index(f)
                 lacking = np.flatnonzero(ix.offsets[:, col] < 0)
                 if len(lacking):
-                    raise ValueError(f"tar shard {ix.path!r}: the sample with key {ix.key(int(lacking[0]))!r} has no "
+                    raise ValueError(f"tar shard {ix.name!r}: the sample with key {ix.key(int(lacking[0]))!r} has no "
                                      f"field {f!r} ({len(lacking)} samples of this shard lack it){self._hint()}")
                 offsets[rows, c] = ix.offsets[:, col]
                 sizes[rows, c] = ix.sizes[:, col]
@@ -159,13 +166,14 @@ class Tar:
         self._key_offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(key_lengths, out=self._key_offsets[1:])
         self._offsets, self._sizes, self._starts = offsets, sizes, starts
-        specs = [self._field_spec(f, data_fields.index(f) if f != KEY else -1) for f in self._fields]
-        fallback = None
-        if self._decode:
-            fallback = fallback_for(next(iter(self._decode.values())))
-        return _C.TarSource([ix.path for ix in self._indexes], [ix.size for ix in self._indexes],
-                            [ix.mtime_ns for ix in self._indexes], starts.tolist(), offsets, sizes, self._keys,
-                            self._key_offsets, specs, fallback)
+        self._specs = [self._field_spec(f, data_fields.index(f) if f != KEY else -1) for f in self._fields]
+        self._fallback = fallback_for(next(iter(self._decode.values()))) if self._decode else None
+
+    def _first_member(self, field: str) -> bytes:
+        ix = self._indexes[0]
+        c = ix.fields.index(field)
+        start = int(ix.offsets[0, c])
+        return self._files.read_range(ix.file, start, start + int(ix.sizes[0, c]))
 
     def _hint(self) -> str:
         if self._args["fields"] is None:
@@ -177,15 +185,15 @@ class Tar:
         descr, shape, dtype, image = "", [], (0, 0), None
         first = self._indexes[0]
         if kind == "npy":
-            data = _read_member(first, 0, first.fields.index(field))
+            data = self._first_member(field)
             try:
                 a = np.load(io.BytesIO(data), allow_pickle=False)
             except ValueError as e:
-                raise ValueError(f"field {field!r} of key {first.key(0)!r} in tar shard {first.path!r} is not a .npy "
+                raise ValueError(f"field {field!r} of key {first.key(0)!r} in tar shard {first.name!r} is not a .npy "
                                  f"array fastload can read: {e}") from None
             code = numpy_dl_code(a.dtype)
             if code is None or a.dtype.kind == "V":
-                raise ValueError(f"field {field!r} of key {first.key(0)!r} in tar shard {first.path!r} has the dtype "
+                raise ValueError(f"field {field!r} of key {first.key(0)!r} in tar shard {first.name!r} has the dtype "
                                  f"{a.dtype}, which fastload does not batch")
             descr = _C._npy_header(data)[0]
             shape, dtype = list(a.shape), (code, a.dtype.itemsize * 8)
@@ -193,7 +201,7 @@ class Tar:
             spec = self._decode[field]
             own = None
             if spec.size is None:
-                data = _read_member(first, 0, first.fields.index(field))
+                data = self._first_member(field)
                 _, width, height = _C.image_size(data, fallback_for(spec))
                 own = (height, width)
             image = spec.native(own)
@@ -218,8 +226,8 @@ class Tar:
 
     @property
     def shards(self) -> list[str]:
-        """The shards read, in order (empty shards left out: see empty_shards)."""
-        return [ix.path for ix in self._indexes]
+        """The shards read (paths or URLs), in order (empty shards left out: see empty_shards)."""
+        return [ix.name for ix in self._indexes]
 
     @property
     def fields(self) -> list[str]:
@@ -232,20 +240,36 @@ class Tar:
         return bytes(self._keys[self._key_offsets[i]:self._key_offsets[i + 1]]).decode("utf-8", "replace")
 
     def native_source(self) -> Any:
-        return self._native
+        # Made per call, over the LazyTable's files: a forked child gets its own mappings.
+        kept = self._indexes
+        return _C.TarSource(self._table.files, [ix.name for ix in kept], [ix.size for ix in kept],
+                            [ix.file for ix in kept], self._starts.tolist(), self._offsets, self._sizes, self._keys,
+                            self._key_offsets, self._specs, self._fallback)
+
+    def stored_files(self) -> Any:
+        """The FileSet of shards in object storage, which follows the run's order (None: local)."""
+        return self._files if self._files.fetched else None
+
+    def storage_stats(self) -> Any:
+        """For shards in object storage: bytes fetched, requests, hits, misses, waits."""
+        if not self._files.fetched:
+            raise ValueError("storage_stats() is for tar shards in object storage; these are local")
+        return self._files.stats()
 
     def fingerprint(self) -> Any:
-        return [(ix.path, ix.size, ix.mtime_ns) for ix in self._indexes]
+        return [ix.pin for ix in self._indexes]
 
     def check_fingerprint(self, fp: Any) -> None:
-        for path, size, mtime_ns in fp:
+        if self._files.fetched:
+            return  # every read of an object is pinned to its version: a rewrite fails the fetch, naming it
+        for ix, pin in zip(self._indexes, fp):
             try:
-                st = os.stat(path)
+                st = os.stat(ix.name)
             except OSError as e:
-                raise ValueError(f"tar shard {path!r} is gone ({e}): build fl.Tar again") from None
-            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-                raise ValueError(f"tar shard {path!r} was rewritten since it was indexed (size {size} -> {st.st_size}, "
-                                 "or its modification time): build fl.Tar again")
+                raise ValueError(f"tar shard {ix.name!r} is gone ({e}): build fl.Tar again") from None
+            if (st.st_size, st.st_mtime_ns, st.st_ino) != tuple(pin[1:]):
+                raise ValueError(f"tar shard {ix.name!r} was rewritten since it was indexed (size {pin[1]} -> "
+                                 f"{st.st_size}, or its modification time): build fl.Tar again")
 
     def __reduce__(self) -> Any:
         return (_rebuild, (self._args, self.fingerprint()))
@@ -256,7 +280,19 @@ class Tar:
 
 
 def _rebuild(args: dict, fingerprint: Any) -> Tar:
+    """A pickled or copied fl.Tar, opened again: it must find the shards the original read (the
+    same local files, or the same versions of the objects), else an error naming the first that
+    changed (a copy must never read other bytes than the original)."""
     source = Tar(**args)
-    if source.fingerprint() != fingerprint:
-        source.check_fingerprint(fingerprint)
+    now = source.fingerprint()
+    for before, after in zip(fingerprint, now):
+        if tuple(before) != tuple(after):
+            raise ValueError(f"tar shard {before[0]} changed since this fl.Tar was pickled or copied: build it again")
+    if len(now) != len(fingerprint):
+        raise ValueError("the tar shards changed since this fl.Tar was pickled or copied: build it again")
     return source
+
+
+def _flat(urls: Any) -> list[str]:
+    items = urls if isinstance(urls, (list, tuple)) else [urls]
+    return [os.fspath(u) for u in items if isinstance(u, (str, os.PathLike))]

@@ -1,7 +1,8 @@
 """Each tar shard indexed once (natively: fastload._C.tar_index) and the index kept in a cache
-folder, keyed by the shard's path, size and modification time: a rewritten shard has another key
-and is indexed again, never read with a stale index. The index holds per sample only what the
-reads need (each field's offset and size, the key)."""
+folder, keyed by the shard's pin: a local file's path, size, modification time and inode, an
+object's URL, size and version. A rewritten shard has another key and is indexed again, never
+read with a stale index. The index holds per sample only what the reads need (each field's
+offset and size, the key)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +10,7 @@ import json
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,9 +22,11 @@ _VERSION = 1  # of the cached file's layout: another version is another file nam
 
 
 class ShardIndex(NamedTuple):
-    path: str
+    name: str                   # the path or URL, as the user named it
+    file: int                   # its place in the FileSet
     size: int
-    mtime_ns: int
+    pin: tuple                  # FileSet's pin: (path, size, mtime_ns, inode) or (url, size, version)
+    identity: tuple             # (st_dev, st_ino, st_mtime_ns, st_size) of a local file; zeros for an object
     fields: list[str]           # in order of first occurrence in the shard
     keys: np.ndarray            # uint8: the sample keys back to back
     key_offsets: np.ndarray     # int64, samples + 1
@@ -45,27 +48,24 @@ def default_index_root() -> str:
     return os.path.join(os.path.expanduser(base), "fastload", "tar-index")
 
 
-def _stat(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
+def _cache_name(first: str, pin: tuple) -> tuple[str, str]:
+    """(the shard's stem: the same for every version of it, the file name of this version)."""
+    stem = hashlib.blake2b(first.encode("utf-8", "surrogateescape"), digest_size=12).hexdigest()
+    version = hashlib.blake2b(repr(tuple(pin[1:])).encode(), digest_size=8).hexdigest()
+    return stem, f"{stem}-{version}.v{_VERSION}.npz"
 
 
-def _cache_name(path: str, size: int, mtime_ns: int) -> tuple[str, str]:
-    stem = hashlib.blake2b(os.path.realpath(path).encode("utf-8", "surrogateescape"), digest_size=12).hexdigest()
-    return stem, f"{stem}-{size}-{mtime_ns}.v{_VERSION}.npz"
-
-
-def _load(file: str, path: str, size: int, mtime_ns: int) -> ShardIndex | None:
+def _load(file: str) -> dict | None:
     try:
         with np.load(file, allow_pickle=False) as z:
-            fields = json.loads(bytes(z["fields"]).decode("utf-8"))
-            return ShardIndex(path, size, mtime_ns, fields, z["keys"], z["key_offsets"], z["offsets"], z["sizes"],
-                              int(z["skipped"]))
+            return {"fields": json.loads(bytes(z["fields"]).decode("utf-8")), "keys": z["keys"],
+                    "key_offsets": z["key_offsets"], "offsets": z["offsets"], "sizes": z["sizes"],
+                    "skipped_members": int(z["skipped"])}
     except (OSError, ValueError, KeyError):  # unreadable or cut short: indexed again
         return None
 
 
-def _save(root: str, stem: str, name: str, ix: ShardIndex) -> None:
+def _save(root: str, stem: str, name: str, d: dict) -> None:
     """Written beside, then renamed into place (readers never see half a file); older indexes of
     the same shard are removed. A cache folder that cannot be written costs a re-index next time."""
     try:
@@ -73,9 +73,9 @@ def _save(root: str, stem: str, name: str, ix: ShardIndex) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{stem}-", suffix=".tmp", dir=root)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, fields=np.frombuffer(json.dumps(ix.fields).encode("utf-8"), dtype=np.uint8), keys=ix.keys,
-                         key_offsets=ix.key_offsets, offsets=ix.offsets, sizes=ix.sizes,
-                         skipped=np.int64(ix.skipped_members))
+                np.savez(f, fields=np.frombuffer(json.dumps(list(d["fields"])).encode("utf-8"), dtype=np.uint8),
+                         keys=d["keys"], key_offsets=d["key_offsets"], offsets=d["offsets"], sizes=d["sizes"],
+                         skipped=np.int64(d["skipped_members"]))
             os.replace(tmp, os.path.join(root, name))
         except BaseException:
             os.unlink(tmp)
@@ -90,32 +90,46 @@ def _save(root: str, stem: str, name: str, ix: ShardIndex) -> None:
         pass
 
 
-def index_shard(path: str, root: str) -> ShardIndex:
-    """The index of one shard: from the cache when it matches the shard's size and time, else built."""
-    size, mtime_ns = _stat(path)
-    stem, name = _cache_name(path, size, mtime_ns)
-    cached = _load(os.path.join(root, name), path, size, mtime_ns)
-    if cached is not None:
-        return cached
-    for _ in range(3):  # a shard rewritten while it was indexed is indexed again
-        d = _C.tar_index(path)
-        after = _stat(path)
-        if after == (size, mtime_ns) and d["size"] == size:
-            break
-        size, mtime_ns = after
+def _identity(path: str) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def index_shard(files: Any, k: int, root: str) -> ShardIndex:
+    """The index of file k of a FileSet: from the cache when its pin matches, else built (an
+    object is fetched into the cache for it)."""
+    name = files.names[k]
+    if files.fetched:
+        pin, identity = tuple(files.pins[k]), (0, 0, 0, 0)
+        stem, file = _cache_name(name, pin)
+        d = _load(os.path.join(root, file))
+        if d is None:
+            d = files.opened(k, _C.tar_index)
+            _save(root, stem, file, d)
     else:
-        raise ValueError(f"tar shard {path!r} kept changing while it was indexed")
-    stem, name = _cache_name(path, size, mtime_ns)
-    ix = ShardIndex(path, size, mtime_ns, list(d["fields"]), d["keys"], d["key_offsets"], d["offsets"], d["sizes"],
-                    int(d["skipped_members"]))
-    _save(root, stem, name, ix)
-    return ix
+        identity = _identity(name)
+        for _ in range(3):  # a shard rewritten while it was indexed is indexed again
+            pin = (os.path.realpath(name), identity[3], identity[2], identity[1])
+            stem, file = _cache_name(pin[0], pin)
+            d = _load(os.path.join(root, file))
+            if d is not None:
+                break
+            d = _C.tar_index(name)
+            now = _identity(name)
+            if now == identity and d["size"] == identity[3]:
+                _save(root, stem, file, d)
+                break
+            identity = now
+        else:
+            raise ValueError(f"tar shard {name!r} kept changing while it was indexed")
+    return ShardIndex(name, k, int(pin[1]), pin, identity, list(d["fields"]), d["keys"], d["key_offsets"],
+                      d["offsets"], d["sizes"], int(d["skipped_members"]))
 
 
-def index_shards(paths: list[str], root: str | None) -> list[ShardIndex]:
+def index_shards(files: Any, root: str | None) -> list[ShardIndex]:
     """Every shard's index, in order; shards indexed in parallel (natively, the GIL released)."""
     root = os.path.expanduser(root) if root is not None else default_index_root()
-    if len(paths) == 1:
-        return [index_shard(paths[0], root)]
-    with ThreadPoolExecutor(max_workers=min(8, len(paths), os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda p: index_shard(p, root), paths))
+    if len(files) == 1:
+        return [index_shard(files, 0, root)]
+    with ThreadPoolExecutor(max_workers=min(8, len(files), os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda k: index_shard(files, k, root), range(len(files))))

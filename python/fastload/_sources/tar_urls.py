@@ -1,6 +1,6 @@
 """Where fl.Tar's shards are: brace patterns expanded as webdataset writes them
-("train-{000000..000146}.tar"), and the one function that turns what the user gave into local
-files (`resolve_shards`). Object storage plugs in there and nowhere else."""
+("train-{000000..000146}.tar"), and the one function that turns what the user gave into the
+storage seam's FileSet (`resolve_shards`): local paths, or URLs pinned and fetched into the cache."""
 from __future__ import annotations
 
 import os
@@ -64,16 +64,25 @@ def _refuse_compressed(name: str) -> None:
 
 
 def resolve_shards(urls: Any, *, cache_dir: str | None = None, cache_limit: Any = None,
-                   storage_options: dict | None = None) -> list[str]:
-    """The local files of the shards named by `urls`, in order (a folder: its .tar files, sorted).
+                   storage_options: dict | None = None) -> Any:
+    """The shards named by `urls` as a FileSet (the storage seam), in order: local paths (a
+    folder: its .tar files, sorted), or URLs (s3://, gs://, http(s)://; a prefix is listed), each
+    pinned to the version seen now and fetched into the cache when read."""
+    from .._storage.file_set import FileSet, is_remote  # noqa: PLC0415 - the storage layer on demand
 
-    The one place fl.Tar finds its files. URLs (s3://, gs://, http(s)://) are not read yet: they
-    will come through the storage layer's file set (version-pinned, fetched into the cache)."""
     names = _names(urls)
     remote = [n for n in names if "://" in n]
+    if remote and len(remote) != len(names):
+        raise ValueError(f"urls mixes URLs and local paths ({remote[0]!r}): give one or the other")
     if remote:
-        raise NotImplementedError(f"fl.Tar reads local tar shards only for now; {remote[0]!r} is a URL. Download the "
-                                  "shards (e.g. aws s3 sync) and give their local paths")
+        for n in names:
+            _refuse_compressed(n)
+        given: Any = names[0] if isinstance(urls, str) and len(names) == 1 else names
+        files = FileSet.resolve(given, what="urls", kind="tar shard", salt=b"tar", skip=_hidden,
+                                cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+        for n in files.names:
+            _refuse_compressed(n)
+        return files
     if storage_options is not None or cache_limit is not None:
         raise ValueError("storage_options and cache_limit apply to shards in object storage (URLs); these shards "
                          "are local files")
@@ -96,4 +105,9 @@ def resolve_shards(urls: Any, *, cache_dir: str | None = None, cache_limit: Any 
         if real in seen:
             raise ValueError(f"urls names the tar shard {p!r} twice: each shard is read once per epoch")
         seen.add(real)
-    return paths
+    assert not is_remote(paths)
+    return FileSet.resolve(paths, what="urls", kind="tar shard")
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
