@@ -127,6 +127,8 @@ py::dict info_dict(const image::DecodeInfo& i) {
 std::shared_ptr<const ValueDecoder> image_column_decoder(const py::tuple& spec, const py::object& fallback) {
   return std::make_shared<image::ImageColumnDecoder>(spec_from(spec), fallback_from(fallback));
 }
+image::ImageSpec image_spec_from(const py::tuple& spec) { return spec_from(spec); }
+std::shared_ptr<const image::FallbackDecoder> image_fallback_from(const py::object& f) { return fallback_from(f); }
 
 void set_image_error(const std::string& message) {
   PyErr_SetString(g_image_error ? g_image_error : PyExc_RuntimeError, message.c_str());

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "core/value_decoder.h"
+#include "image/image_decoder.h"
+#include "image/image_spec.h"
 
 namespace fastload {
 // Sets fl.ImageError (registered by fastload/__init__.py) with `message`; RuntimeError before.
@@ -15,4 +17,8 @@ void set_image_error(const std::string& message);
 // The decoder of an image column (decode= on fl.Arrow / fl.Parquet): `spec` is fl.Image.native(),
 // `fallback` an object with header() and decode() (PIL's) or None.
 std::shared_ptr<const ValueDecoder> image_column_decoder(const pybind11::tuple& spec, const pybind11::object& fallback);
+// fl.Image.native()'s tuple as a spec, and the fallback decoder object (None: none); for other
+// sources that decode images (tar.cpp).
+image::ImageSpec image_spec_from(const pybind11::tuple& spec);
+std::shared_ptr<const image::FallbackDecoder> image_fallback_from(const pybind11::object& fallback);
 }  // namespace fastload

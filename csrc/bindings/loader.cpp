@@ -59,6 +59,17 @@ enum class DeviceParts { Tensors, Raw, StandinTensors };
 // build tensors.
 // An Arrow source's string columns asked for as lists: one Python list of str (bytes for binary;
 // None for a filled null) per column, built here in one pass over the batch's values.
+// A tar shard's JSON member (a str, consumed) parsed with Python's json.loads; a text that is not
+// JSON is a ValueError naming the field and the row.
+PyObject* parse_json(PyObject* text, const std::string& field, size_t row) {
+  static PyObject* loads = py::object(py::module_::import("json").attr("loads")).release().ptr();  // for the process's life
+  PyObject* parsed = PyObject_CallOneArg(loads, text);
+  Py_DECREF(text);
+  if (parsed) return parsed;
+  const py::error_already_set e;
+  throw py::value_error("field '" + field + "' of row " + std::to_string(row) + " of the batch is not JSON: " + e.what());
+}
+
 void add_string_lists(py::dict& d, const ArrowStringLists& lists) {
   for (size_t k = 0; k < lists.names.size(); ++k) {
     const std::vector<int64_t>& o = lists.offsets[k];
@@ -75,6 +86,7 @@ void add_string_lists(py::dict& d, const ArrowStringLists& lists) {
         item = PyBytes_FromStringAndSize(bytes + o[i], o[i + 1] - o[i]);
       }
       if (!item) throw py::error_already_set();
+      if (k < lists.json.size() && lists.json[k] && item != Py_None) item = parse_json(item, lists.names[k], i);
       PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item);
     }
     d[py::str(lists.names[k])] = std::move(out);

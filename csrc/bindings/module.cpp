@@ -24,4 +24,5 @@ PYBIND11_MODULE(_C, m) {
   fastload::register_hooks(m);
   fastload::register_image(m);
   fastload::register_pack(m);
+  fastload::register_tar(m);
 }

@@ -14,4 +14,5 @@ void register_testing(pybind11::module_& m);  // testing.cpp: test instruments (
 void register_hooks(pybind11::module_& m);    // hooks.cpp: the Python objects the bindings call
 void register_image(pybind11::module_& m);    // image.cpp: ImageFileSource, image decoders, fl.ImageError
 void register_pack(pybind11::module_& m);     // pack.cpp: PackSource, PackSampler, PackEpochs (fl.Pack)
+void register_tar(pybind11::module_& m);      // tar.cpp: tar_index, TarSource (fl.Tar)
 }  // namespace fastload

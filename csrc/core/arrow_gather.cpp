@@ -289,11 +289,12 @@ void append_arrow_string_lists(ArrowStringLists& into, const ArrowStringLists& f
   if (into.names.empty()) {
     into.names = from.names;
     into.utf8 = from.utf8;
+    into.json = from.json;
     into.bytes.assign(from.names.size(), {});
     into.offsets.assign(from.names.size(), std::vector<int64_t>(1, 0));
     into.valid.assign(from.names.size(), {});
   }
-  if (into.names != from.names || into.utf8 != from.utf8)
+  if (into.names != from.names || into.utf8 != from.utf8 || into.json != from.json)
     throw std::invalid_argument("the sources of a mixture give different string columns as lists");
   for (size_t k = 0; k < from.names.size(); ++k) {
     const int64_t shift = static_cast<int64_t>(into.bytes[k].size());

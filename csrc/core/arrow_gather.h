@@ -51,6 +51,9 @@ struct ArrowStringLists {
   std::vector<std::vector<char>> bytes;
   std::vector<std::vector<int64_t>> offsets;
   std::vector<std::vector<uint8_t>> valid;
+  // Per column, when not empty: its values are JSON texts, parsed by the bindings (tar shards'
+  // .json members, tar_source.h). Arrow columns leave it empty.
+  std::vector<bool> json;
 };
 
 std::string arrow_valid_name(const std::string& column);

@@ -15,6 +15,7 @@ from ._sources.parquet import Parquet
 from ._sources.image_spec import Image, ImageError, image_backends
 from ._sources.image_folder import ImageFolder
 from ._sources.pack import Pack
+from ._sources.tar import Tar
 from ._streams import record_stream
 from .tools.tune import TunePoint, TuneResult, tune
 from ._version import __version__
@@ -25,7 +26,7 @@ _C._register_hooks(sample_error=SampleError, release_cache=_gpu_memory.release_c
 _C._register_image_error(ImageError)
 
 __all__ = ["Dataset", "Windows", "Ragged", "Arrow", "Parquet", "Pack", "DiskDataset", "DatasetError", "DatasetWriter", "write_dataset",
-           "Image", "ImageFolder", "ImageError", "image_backends",
+           "Image", "ImageFolder", "ImageError", "image_backends", "Tar",
            "Loader", "LoaderIterator", "Mix", "record_stream", "Source", "PythonSource", "SampleError", "sample_rng",
            "LoaderStats", "SourceStats", "StageStats", "PackingStats", "STATE_VERSION",
            "tune", "TuneResult", "TunePoint", "__version__"]

@@ -18,6 +18,8 @@
 #   test_images    the decode stage (csrc/image/*.cpp) with libjpeg and libpng: images decoded on
 #                  the engine's threads, bad files, every prefix of a file, crops of every kind;
 #                  left out (and said so) where the libjpeg or libpng headers are missing
+#   test_tar       tar_index.h, npy_header.h, tar_source.h: tars built byte by byte (ustar, PAX, GNU
+#                  long names), every prefix and corrupted header byte, TarSource filled from threads
 #   test_packing   packing_plan.h, pack_epoch.h, pack_plan.h, pack_source.h (fl.Pack)
 #   test_transfer  the core and the CUDA layer (csrc/cuda/*.cpp) with tests/cpp/test_transfer.cpp,
 #                  run against the stand-in driver (tests/fake_cuda/fake_libcuda.cpp), built here
@@ -52,12 +54,12 @@ core_binaries=(test_sampler test_gather test_thread_pool test_buffer_pool test_e
                test_lazy_mappings test_stream test_arrow test_packing)
 cuda_binaries=(test_transfer)
 image_sources=("$repo"/csrc/image/*.cpp)
-image_binaries=(test_images)
+image_binaries=(test_images test_tar)
 image_flags=(-DFASTLOAD_WITH_LIBJPEG -DFASTLOAD_WITH_LIBPNG)
 image_libs=(-ljpeg -lpng)
 if ! printf '#include <cstdio>\n#include <jpeglib.h>\n#include <png.h>\nint main(){return 0;}\n' \
     | "$cxx" -x c++ - -fsyntax-only 2>/dev/null; then
-  echo "=== test_images left out: the libjpeg or libpng headers are missing (Debian: libjpeg-dev libpng-dev)"
+  echo "=== test_images and test_tar left out: the libjpeg or libpng headers are missing (Debian: libjpeg-dev libpng-dev)"
   image_sources=()
   image_binaries=()
 fi
