@@ -26,6 +26,8 @@ class Source(Protocol):
     - ``shard_rows``: samples per shard in id order, or None without shard structure (used by
       ``order="block"`` and ``partition="shards"``).
     - ``native_source()``: the native source the collation threads fill batches from.
+    - optional ``default_order``: the order a shuffling Loader reads it in when ``order=`` is not
+      given ("random" without it; fl.Parquet: "block", over its row groups). See default_order().
     - optional ``fingerprint()`` / ``check_fingerprint(fp)``: a cheap record, taken when a Loader
       is built, of where the source's bytes are, and a check at every ``iter()`` that raises a
       ValueError naming what changed (arrays resized or moved, files truncated or replaced).
@@ -51,6 +53,12 @@ def check_fingerprint(source: Any, fp: Any) -> None:
     check = getattr(source, "check_fingerprint", None)
     if check is not None:
         check(fp)
+
+
+def default_order(source: Any) -> str:
+    """The order a Loader over `source` uses when order= is not given, decided here once (the
+    Loader's configuration, tune's baseline and fl.Pack over an inner source all ask this)."""
+    return getattr(source, "default_order", "random")
 
 
 def declare_shards(source: Any, rows: Any) -> Any:
