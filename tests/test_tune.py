@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fastload as fl
-from fastload.tools import tune as _tune
+from fastload.tools import _tune_cli, tune as _tune
 
 # Tiny grids and short measurements: these tests check behaviour, not speed.
 FAST = ["--seconds", "0.05", "--repeats", "2", "--threads", "1,2", "--prefetch", "2,4"]
@@ -394,24 +394,24 @@ def test_a_measurement_reads_the_whole_source_also_under_a_launchers_rank(monkey
     monkeypatch.setenv("WORLD_SIZE", "2")
     source = fl.Dataset({"x": np.arange(20, dtype=np.float32).reshape(10, 2)})
     for batch_size in (8, 16):  # full batches (the short last one dropped); one short batch per epoch
-        rate, wait_share, _ = _tune._measure(source, batch_size, torch.device("cpu"), (1, 2, 1, None), 0.01, 0.05, 0)
+        rate, wait_share, _ = _tune.measure_one(source, batch_size, torch.device("cpu"), (1, 2, 1, None), 0.01, 0.05, 0)
         assert rate > 0 and 0 <= wait_share <= 1
 
 
 def test_the_workers_axis_is_threads_and_processes_by_default_on_any_device() -> None:
     # Worker processes feed a GPU too (registered shared memory): no device narrows the default.
-    assert _tune._worker_values(None, python=True) == ["threads", "processes"]
-    assert _tune._worker_values("processes", python=True) == ["processes"]
-    assert _tune._worker_values(["processes", "threads", "threads"], python=True) == ["threads", "processes"]
-    assert _tune._worker_values(None, python=False) == [None]
+    assert _tune.worker_values(None, python=True) == ["threads", "processes"]
+    assert _tune.worker_values("processes", python=True) == ["processes"]
+    assert _tune.worker_values(["processes", "threads", "threads"], python=True) == ["threads", "processes"]
+    assert _tune.worker_values(None, python=False) == [None]
     with pytest.raises(ValueError, match="workers must hold 'threads' and/or 'processes'"):
-        _tune._worker_values([], python=True)
+        _tune.worker_values([], python=True)
     # --workers parses to the same values, and refuses what fl.tune refuses in the option's words.
     import argparse
-    assert _tune._workers("processes, threads,processes") == ["threads", "processes"]
+    assert _tune_cli._workers("processes, threads,processes") == ["threads", "processes"]
     for bad in ("fibers", "threads,fibers", ",", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="expected threads, processes or threads,processes"):
-            _tune._workers(bad)
+            _tune_cli._workers(bad)
 
 
 def test_recommendation_prefers_threads_to_processes_within_3_percent() -> None:
@@ -585,3 +585,33 @@ def test_copy_streams_is_the_one_name_and_streams_still_works() -> None:
     assert [r.copy_streams for r in result.rows] == [1] and "copy_streams" in result.to_json()["rows"][0]
     with pytest.raises(ValueError, match="streams is the old name of copy_streams"):
         fl.tune(x, batch_size=8, streams=[1], copy_streams=[1])
+
+
+def test_urls_tune_through_the_same_constructors(s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # The S3 server of the tests, found through the environment as a user's bucket would be.
+    boto3 = pytest.importorskip("boto3")
+    import uuid
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server[0])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    s3 = boto3.client("s3", endpoint_url=s3_server[0], region_name="us-east-1")
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    (tmp_path / "pq").mkdir()
+    for k in range(2):
+        _parquet_rows(tmp_path / "pq" / f"part-{k}.parquet", 400, start=400 * k)
+        s3.upload_file(str(tmp_path / "pq" / f"part-{k}.parquet"), bucket, f"pq/part-{k}.parquet")
+    fl.write_dataset(tmp_path / "ds", {"x": np.zeros((700, 3), np.float32)}, rows_per_shard=100)
+    for f in sorted(p for p in (tmp_path / "ds").rglob("*") if p.is_file()):
+        s3.upload_file(str(f), bucket, f"ds/{f.relative_to(tmp_path / 'ds').as_posix()}")
+    for url, extra, says in ((f"s3://{bucket}/pq/part-0.parquet", [], "400 samples of 24 B"),
+                             (f"s3://{bucket}/pq/", ["--format", "parquet"], "800 samples of 24 B"),
+                             (f"s3://{bucket}/ds", [], "700 samples of 12 B")):
+        code, out, err = cli(capsys, url, "--batch-size", "16", "--seconds", "0.05", "--repeats", "1", "--threads", "1",
+                             "--prefetch", "2", "--no-progress", *extra)
+        assert code == 0, err
+        assert says in out, out
+    # A prefix of Parquet files read as a dataset directory says what to pass.
+    code, _, err = cli(capsys, f"s3://{bucket}/pq/", "--batch-size", "16")
+    assert code == 2 and "manifest.json" in err and "--format parquet" in err, err

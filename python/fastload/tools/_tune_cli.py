@@ -18,7 +18,7 @@ from .._machine import torch_sees_gpu
 from ._cli import check_device, int_list, positive_float, positive_int
 from ._dataset_spec import is_spec, parse_arguments
 from ._tune_measure import DEFAULT_COPY_STREAMS, DEFAULT_PREFETCH, DEFAULT_PREFETCH_PYTHON, DEFAULT_REPEATS, \
-    _worker_values, default_threads, tune
+    worker_values, default_threads, tune
 from ._tune_report import TuneResult, matplotlib_missing
 from ._tune_source import FORMATS, as_tune_source
 
@@ -69,7 +69,7 @@ def _json_arguments(text: str) -> list[Any] | dict[str, Any]:
 
 def _workers(text: str) -> list[str | None]:
     try:  # fl.tune's own check, in the command line's words
-        return _worker_values([x.strip() for x in text.split(",") if x.strip()], python=True)
+        return worker_values([x.strip() for x in text.split(",") if x.strip()], python=True)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected threads, processes or threads,processes, got {text!r}") from None
 

@@ -104,7 +104,7 @@ def _own_cpu_s(loader: Loader) -> float:
     return total
 
 
-def _measure(source: Source, batch_size: int, device: torch.device, knobs: Knobs,
+def measure_one(source: Source, batch_size: int, device: torch.device, knobs: Knobs,
              warmup: float, seconds: float, seed: int, shuffle: bool = True) -> tuple[float, float, float | None]:
     """(samples/s, share of wall time blocked in next(), CPU cores other processes used) of one
     loader, pulled as fast as it hands out batches for `seconds` after `warmup`, across epochs as
@@ -206,7 +206,7 @@ class _Progress:
                   f"{elapsed:.1f} s elapsed, ~{left:.0f} s left)", file=self.stream, flush=True)
 
 
-def _worker_values(workers: Sequence[str] | str | None, python: bool) -> list[str | None]:
+def worker_values(workers: Sequence[str] | str | None, python: bool) -> list[str | None]:
     """The workers axis: None for arrays (gathered natively, no workers); for a Python dataset
     the kinds asked for, default threads and processes (on the CPU and on a GPU alike)."""
     if not python:
@@ -241,7 +241,7 @@ def make_grid(*, python: bool, device: torch.device, batch_bytes: int, threads: 
     if not gpu and stream_grid != [1]:
         raise ValueError(f"copy_streams are copy streams per GPU; on {device} only copy_streams=1 applies, got "
                          f"{stream_grid}")
-    worker_grid = _worker_values(workers, python)
+    worker_grid = worker_values(workers, python)
     return [(t, p, s, w) for w in worker_grid for t in thread_grid for p in prefetch_grid for s in stream_grid]
 
 
@@ -283,7 +283,8 @@ def measure_grid(source: Source, batch_size: int, device: torch.device, grid: li
             order = list(grid)
             shuffler.shuffle(order)
             for knobs in order:
-                measured[knobs].append(_measure(source, batch_size, device, knobs, warmup, seconds, seed + r, shuffle))
+                measured[knobs].append(
+                    measure_one(source, batch_size, device, knobs, warmup, seconds, seed + r, shuffle))
                 bar.update(r, knobs, device.type == "cuda")
 
     def others(k: Knobs) -> float | None:

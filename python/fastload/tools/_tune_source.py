@@ -90,6 +90,12 @@ def open_source(path: str | os.PathLike[str], window: tuple[int, int] | None = N
         if dtype is not None:
             raise ValueError(f"--dtype applies to a raw token file, not to {what} (it records every column's dtype)")
         if kind == "directory":
+            if format is None and _is_url(path):  # guessed from a URL: say what else it could be
+                try:
+                    return Dataset.open(path)
+                except (ValueError, OSError) as e:
+                    raise ValueError(f"{e} (for a prefix of Parquet files pass --format parquet, or format='parquet' "
+                                     "to fl.tune)") from None
             return Dataset.open(path)
         if kind == "parquet":
             return Parquet(path)

@@ -8,12 +8,12 @@ _tune_source.py (what is measured, opened by the library's own constructors), _t
 plot), _tune_cli.py (the command line)."""
 from __future__ import annotations
 
-from ._tune_cli import _workers, main
+from ._tune_cli import main
 from ._tune_measure import (DEFAULT_COPY_STREAMS, DEFAULT_PREFETCH, DEFAULT_PREFETCH_PYTHON, DEFAULT_REPEATS,
-                            _measure, _worker_values, default_threads, tune)
+                            default_threads, measure_one, worker_values, tune)
 from ._tune_report import NEAR_FASTEST, TunePoint, TuneResult, defaults_of, loader_args, matplotlib_missing, recommend
 from ._tune_source import open_source
 
 __all__ = ["tune", "TuneResult", "TunePoint", "main", "open_source", "recommend", "loader_args", "default_threads",
            "matplotlib_missing", "NEAR_FASTEST", "DEFAULT_PREFETCH", "DEFAULT_PREFETCH_PYTHON", "DEFAULT_COPY_STREAMS",
-           "DEFAULT_REPEATS", "defaults_of", "_measure", "_worker_values", "_workers"]
+           "DEFAULT_REPEATS", "defaults_of", "measure_one", "worker_values"]
