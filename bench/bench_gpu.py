@@ -491,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="timed seconds per fastload/step measurement (default 1.5, quick 0.3)")
-    ap.add_argument("--streams", type=int, default=None,
-                    help="fastload's streams in the training-step runs (default: the Loader's default)")
+    ap.add_argument("--copy-streams", "--streams", dest="copy_streams", type=int, default=None,
+                    help="fastload's copy_streams in the training-step runs (default: the Loader's default; "
+                         "--streams is its old name)")
     ap.add_argument("--data-dir", type=Path, default=None, help="where to write the .npy file (default: a temp dir)")
     ap.add_argument("--file-mib", type=int, default=None,
                     help="size of the .npy file the loaders read (default 2048, quick 256; at least 64)")
@@ -555,11 +556,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  fastload gather only (device=cpu) {b} MiB: {msg}", flush=True)
                 for st in FASTLOAD_STREAMS:
                     msg = fl_cells[b, st].add(lambda: fastload_delivered(mm, b * MIB, st, device, warmup, seconds))
-                    print(f"  fastload {b} MiB, streams={st}: {msg}", flush=True)
+                    print(f"  fastload {b} MiB, copy_streams={st}: {msg}", flush=True)
             for label, mib, _ in STEP_CONFIGS:
                 for f, _ in FEEDERS:
                     msg = step_cells[label, f].add(lambda: feeder_step(
-                        f, path, mm, mib * MIB // ROW_BYTES, computes[label], device, warmup, seconds, args.streams))
+                        f, path, mm, mib * MIB // ROW_BYTES, computes[label], device, warmup, seconds, args.copy_streams))
                     print(f"  step {label}, {f}: {msg}", flush=True)
     except Exception:  # noqa: BLE001 - report what was measured; the run still exits 0
         traceback.print_exc()
@@ -567,13 +568,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    report(copy_sizes, copy_cells, fl_cells, host_cells, step_cells, computes, env, args.json, args.streams)
+    report(copy_sizes, copy_cells, fl_cells, host_cells, step_cells, computes, env, args.json, args.copy_streams)
     return 0
 
 
 def report(copy_sizes, copy_cells, fl_cells, host_cells, step_cells, computes, env, json_path,
            streams: int | None) -> None:
-    fastload_opts = "default prefetch and streams" if streams is None else f"streams={streams}"
+    fastload_opts = "default prefetch and copy_streams" if streams is None else f"copy_streams={streams}"
     pinned = {s: copy_cells["pinned", s].median("gbps") for s in copy_sizes}
     ceiling = max((v for v in pinned.values() if v is not None), default=None)
 
@@ -604,7 +605,7 @@ def report(copy_sizes, copy_cells, fl_cells, host_cells, step_cells, computes, e
                          host_cells[b].fmt("gbps")])
             if b >= 8 and g is not None and ceiling:
                 bar_b.append(g / ceiling)
-    print(table(["batch", "streams", "fastload GB/s", "/ ceiling", "/ pinned copy of the batch's size",
+    print(table(["batch", "copy_streams", "fastload GB/s", "/ ceiling", "/ pinned copy of the batch's size",
                  "gather only (device=cpu) GB/s"], rows))
 
     print("\n## (c) Synthetic training step\n")
@@ -644,7 +645,7 @@ def report(copy_sizes, copy_cells, fl_cells, host_cells, step_cells, computes, e
         return "n/a" if x is None else ("meets" if x >= bar else "misses")
 
     print(table(["bar", "measured", "verdict"], [
-        [f"delivered >= {BAR_DELIVERED}x the pinned ceiling, batches >= 8 MiB (worst of streams 1, 2, 4)",
+        [f"delivered >= {BAR_DELIVERED}x the pinned ceiling, batches >= 8 MiB (worst of copy_streams 1, 2, 4)",
          fmt_ratio(worst_b), verdict(worst_b, BAR_DELIVERED)],
         [f"compute-bound step: fastload >= {BAR_IDEAL}x data already on the GPU", fmt_ratio(cb), verdict(cb, BAR_IDEAL)],
         [f"loader-bound step: fastload >= {BAR_VS_DATALOADER}x the better pinned DataLoader loop", fmt_ratio(lb),
@@ -655,7 +656,7 @@ def report(copy_sizes, copy_cells, fl_cells, host_cells, step_cells, computes, e
         out = {
             "environment": env, "measured": True, "ceiling_gbps": ceiling,
             "copy": [{"kind": k, "mib": s, **v.as_json()} for (k, s), v in copy_cells.items()],
-            "fastload": [{"batch_mib": b, "streams": st, **v.as_json()} for (b, st), v in fl_cells.items()],
+            "fastload": [{"batch_mib": b, "copy_streams": st, **v.as_json()} for (b, st), v in fl_cells.items()],
             "gather_only": [{"batch_mib": b, **v.as_json()} for b, v in host_cells.items()],
             "steps": [{"config": label, "feeder": f, **v.as_json()} for (label, f), v in step_cells.items()],
             "compute": {label: {"matmuls": c.k, "m": c.m, "ms": c.ms} for label, c in computes.items()},

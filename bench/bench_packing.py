@@ -60,9 +60,9 @@ def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:
 def document_order(n: int, seed: int = 0) -> np.ndarray:
     """fl.Pack's order of documents in epoch 0 with shuffle=True, seed 0 (the Loader's own)."""
     import fastload as fl
-    from fastload._stream import BLOCK_SIZE, WINDOW_SHARDS
 
-    s = fl._C.Sampler(n, 1, 1, 0, seed, True, "random", "pad", False, BLOCK_SIZE, "samples", [], WINDOW_SHARDS)
+    s = fl._C.Sampler(n, 1, 1, 0, seed, True, "random", "pad", False, fl._C.BLOCK_SIZE, "samples", [],
+                      fl._C.WINDOW_SHARDS)
     return s.permutation(0, 0, n)
 
 

@@ -9,14 +9,13 @@ from typing import Any, Sequence
 import numpy as np
 
 import fastload as fl
-from fastload._stream import BLOCK_SIZE, WINDOW_SHARDS
 
 
 def document_order(n: int, seed: int, epoch: int, shuffle: bool = True, order: str = "random",
                    shard_rows: Sequence[int] = ()) -> np.ndarray:
     """The epoch's order of documents: the loader's own permutation (tested in test_sampler.py)."""
-    s = fl._C.Sampler(n, 1, 1, 0, seed, shuffle, order, "pad", False, BLOCK_SIZE, "samples", list(shard_rows),
-                      WINDOW_SHARDS)
+    s = fl._C.Sampler(n, 1, 1, 0, seed, shuffle, order, "pad", False, fl._C.BLOCK_SIZE, "samples", list(shard_rows),
+                      fl._C.WINDOW_SHARDS)
     return s.permutation(epoch, 0, n)
 
 

@@ -18,7 +18,7 @@ import fastload as fl
 from fastload import _C
 from fastload.tools import tune as _tune
 from fastload._config import LoaderConfig, default_config
-from fastload._schedules import EpochSchedule, MixSchedule, Schedule, StepSchedule
+from fastload._schedules import EpochSchedule, MixEpochSchedule, Schedule, StepSchedule
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_cuda import build as fake_build  # noqa: E402
@@ -79,7 +79,7 @@ def test_the_default_prefetch_counts_copy_streams_only_on_a_gpu(device, copy_str
 def test_tunes_defaults_are_the_loaders(device):
     source = fl.Dataset({"x": np.zeros((1000, 40_000), np.float32)})
     stats = fl.Loader(source, 64, device=device).stats()
-    assert _tune._defaults(default_config(source, 64, device)) == {
+    assert _tune.defaults_of(default_config(source, 64, device)) == {
         "num_threads": stats.num_threads, "prefetch": stats.prefetch, "copy_streams": stats.copy_streams}
 
 
@@ -99,7 +99,7 @@ def test_tune_on_the_stand_in_gpu_reports_the_loaders_defaults(tmp_path):
     code = textwrap.dedent("""
         import json, numpy as np, fastload as fl
         source = fl.Dataset({"x": np.zeros((2000, 40_000), np.uint8)})
-        result = fl.tune(source, 64, threads=[1], prefetch=[2], streams=[1], seconds=0.05, repeats=1,
+        result = fl.tune(source, 64, threads=[1], prefetch=[2], copy_streams=[1], seconds=0.05, repeats=1,
                          progress=False)
         loader = fl.Loader(source, 64)
         stats = loader.stats()
@@ -146,7 +146,7 @@ def test_each_mode_is_one_schedule_object():
     mix = fl.Mix({"a": ds(30), "b": ds(20)}, [1, 1])
     cases = [(fl.Loader(ds(100), 8, device="cpu"), EpochSchedule, 13),
              (fl.Loader(ds(100), 8, device="cpu", steps=5), StepSchedule, 5),
-             (fl.Loader(mix, 8, device="cpu"), MixSchedule, 7),
+             (fl.Loader(mix, 8, device="cpu"), MixEpochSchedule, 7),
              (fl.Loader(mix, 8, device="cpu", steps=4), StepSchedule, 4)]
     for loader, kind, length in cases:
         assert type(loader._schedule) is kind and isinstance(loader._schedule, Schedule)

@@ -17,7 +17,7 @@ SMALL = ["--samples", "3000", "--features", "16", "--batch-size", "64", "--hidde
 TINY = [*SMALL, "--steps", "30", "--log-every", "10"]
 SUMMARY = [r"fastload summary: 30 steps, 1,920 samples", r"throughput +[\d,]+ samples/s",
            r"data wait +[\d.]+% of step time", r"loss +[\d.]+ -> [\d.]+", r"dataset +3,000 x 16 float16",
-           r"settings +threads=\d+ (\(auto\) )?prefetch=\d+ \(auto\) streams=n/a batch-size=64 device=\S+",
+           r"settings +threads=\d+ (\(auto\) )?prefetch=\d+ \(auto\) copy_streams=n/a batch-size=64 device=\S+",
            r"\(n/a: on the CPU there are no copy streams, and nothing to synchronise"]
 
 
@@ -41,7 +41,7 @@ def test_main_runs_and_prints_the_summary(tmp_path: Path) -> None:
     again = run_main(*TINY, "--data-dir", str(data), "--threads", "1", "--prefetch", "2")
     assert again.returncode == 0, again.stderr
     assert "reusing" in again.stderr
-    assert re.search(r"threads=1 prefetch=2 streams", again.stdout), again.stdout
+    assert re.search(r"threads=1 prefetch=2 copy_streams", again.stdout), again.stdout
     assert sorted(p.name for p in data.iterdir()) == ["demo_features.npy", "demo_labels.npy", "demo_meta.json"]
 
 

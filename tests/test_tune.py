@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fastload as fl
-from fastload.tools import tune as _tune
+from fastload.tools import _tune_cli, tune as _tune
 
 # Tiny grids and short measurements: these tests check behaviour, not speed.
 FAST = ["--seconds", "0.05", "--repeats", "2", "--threads", "1,2", "--prefetch", "2,4"]
@@ -100,11 +100,12 @@ def test_plot_writes_a_png_or_says_matplotlib_is_missing(npy: Path, tmp_path: Pa
     (["--seconds", "-1"], "argument --seconds"),
     (["--repeats", "0"], "argument --repeats"),
     (["--dtype", "float32"], "argument --dtype"),
-    (["--streams", "2"], "--streams"),          # no GPU on the CPU path
+    (["--copy-streams", "2"], "--copy-streams"),  # no GPU on the CPU path
+    (["--streams", "2"], "--copy-streams"),     # its old name, still accepted
     (["--device", "tpu"], "--device"),
 ])
 def test_bad_arguments_are_named(npy: Path, capsys: pytest.CaptureFixture[str], args: list[str], named: str) -> None:
-    if args[0] == "--streams" and fl.Loader(fl.Dataset({"x": np.zeros(4)}), 1).device.type == "cuda":
+    if args[0] in ("--copy-streams", "--streams") and fl.Loader(fl.Dataset({"x": np.zeros(4)}), 1).device.type == "cuda":
         pytest.skip("streams apply on a GPU machine")
     code, _, err = cli(capsys, str(npy), "--batch-size", "8", *args)
     assert code == 2 and named in err, err
@@ -215,7 +216,7 @@ def test_a_gpu_result_reports_and_plots_its_streams(tmp_path: Path) -> None:
     result = fl.TuneResult(args=_tune.loader_args(recommended, 8, "cuda:0"), recommended=recommended, fastest=fastest, rows=rows, source="x.npy", batch_size=8,
                            row_bytes=1024, device="cuda:0", seconds=1.0, repeats=2, elapsed_s=12.0)
     table = result.table().splitlines()
-    assert table[0].split()[:3] == ["threads", "prefetch", "streams"]
+    assert table[0].split()[:3] == ["threads", "prefetch", "copy_streams"]
     assert table[6].split()[:3] == ["2", "4", "2"] and table[6].endswith("<- fastest")
     assert table[5].split()[:3] == ["2", "4", "1"] and table[5].endswith("<- recommended")
     assert "recommended: num_threads=2 prefetch=4 copy_streams=1" in result.summary()
@@ -393,24 +394,24 @@ def test_a_measurement_reads_the_whole_source_also_under_a_launchers_rank(monkey
     monkeypatch.setenv("WORLD_SIZE", "2")
     source = fl.Dataset({"x": np.arange(20, dtype=np.float32).reshape(10, 2)})
     for batch_size in (8, 16):  # full batches (the short last one dropped); one short batch per epoch
-        rate, wait_share, _ = _tune._measure(source, batch_size, torch.device("cpu"), (1, 2, 1, None), 0.01, 0.05, 0)
+        rate, wait_share, _ = _tune.measure_one(source, batch_size, torch.device("cpu"), (1, 2, 1, None), 0.01, 0.05, 0)
         assert rate > 0 and 0 <= wait_share <= 1
 
 
 def test_the_workers_axis_is_threads_and_processes_by_default_on_any_device() -> None:
     # Worker processes feed a GPU too (registered shared memory): no device narrows the default.
-    assert _tune._worker_values(None, python=True) == ["threads", "processes"]
-    assert _tune._worker_values("processes", python=True) == ["processes"]
-    assert _tune._worker_values(["processes", "threads", "threads"], python=True) == ["threads", "processes"]
-    assert _tune._worker_values(None, python=False) == [None]
+    assert _tune.worker_values(None, python=True) == ["threads", "processes"]
+    assert _tune.worker_values("processes", python=True) == ["processes"]
+    assert _tune.worker_values(["processes", "threads", "threads"], python=True) == ["threads", "processes"]
+    assert _tune.worker_values(None, python=False) == [None]
     with pytest.raises(ValueError, match="workers must hold 'threads' and/or 'processes'"):
-        _tune._worker_values([], python=True)
+        _tune.worker_values([], python=True)
     # --workers parses to the same values, and refuses what fl.tune refuses in the option's words.
     import argparse
-    assert _tune._workers("processes, threads,processes") == ["threads", "processes"]
+    assert _tune_cli._workers("processes, threads,processes") == ["threads", "processes"]
     for bad in ("fibers", "threads,fibers", ",", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="expected threads, processes or threads,processes"):
-            _tune._workers(bad)
+            _tune_cli._workers(bad)
 
 
 def test_recommendation_prefers_threads_to_processes_within_3_percent() -> None:
@@ -494,3 +495,123 @@ def test_ctrl_c_while_tune_builds_a_dataset_exits_with_130():
         proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+# ---------------------------------------------------------------------------- every source kind tunes
+def _parquet_rows(path: Path, rows: int, start: int = 0, row_group_size: int = 100) -> np.ndarray:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    x = np.random.default_rng(start).standard_normal((rows, 4)).astype(np.float32)
+    table = pa.table({"id": pa.array(np.arange(start, start + rows), pa.int64()),
+                      "x": pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 4)})
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return x
+
+
+def test_a_parquet_file_and_a_parquet_folder_tune_through_fl_parquet(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from fastload.tools._tune_source import open_source
+
+    one = tmp_path / "one.parquet"
+    _parquet_rows(one, 1000)
+    folder = tmp_path / "parts" / "day=1"
+    folder.mkdir(parents=True)
+    for k in range(3):
+        _parquet_rows(folder / f"part-{k}.parquet", 300, start=300 * k)
+    # What tune measures is what fl.Parquet opens: the same rows, shards and default order.
+    for path, rows in ((one, 1000), (tmp_path / "parts", 900)):
+        source = open_source(path)
+        assert isinstance(source, fl.Parquet) and len(source) == rows
+        assert source.shard_rows == fl.Parquet(path).shard_rows
+    # On the command line, without --window (a .parquet is not raw tokens): 8 B of id + 16 B of x.
+    code, out, err = cli(capsys, str(one), "--batch-size", "32", *FAST, "--no-progress")
+    assert code == 0, err
+    assert "1,000 samples of 24 B" in out and "fl.Loader(source, batch_size=32, num_threads=" in out
+    code, out, err = cli(capsys, str(tmp_path / "parts"), "--batch-size", "32", *FAST, "--no-progress")
+    assert code == 0, err
+    assert "900 samples of 28 B" in out  # the partition column day= (inferred as int32) is read too
+    code, _, err = cli(capsys, str(one), "--batch-size", "8", "--window", "4")
+    assert code == 2 and "--window applies to a token file, not to Parquet" in err
+    result = fl.tune(str(one), batch_size=16, threads=[1], prefetch=[2], seconds=0.05, repeats=1, progress=False)
+    assert result.rows[0].samples_per_s > 0 and result.source == str(one)
+
+
+def test_a_hugging_face_saved_dataset_folder_tunes_through_fl_arrow(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    datasets = pytest.importorskip("datasets")
+    from fastload.tools._tune_source import open_source
+
+    x = np.random.default_rng(3).standard_normal((500, 3)).astype(np.float32)
+    ds = datasets.Dataset.from_dict({"x": x.tolist(), "y": list(range(500))}).with_format("numpy")
+    ds.save_to_disk(str(tmp_path / "hf"))
+    source = open_source(tmp_path / "hf")
+    assert isinstance(source, fl.Arrow) and len(source) == 500
+    with fl.Loader(source, batch_size=500, device="cpu") as loader:  # the rows as saved
+        batch = next(iter(loader))
+    np.testing.assert_array_equal(batch["y"].numpy(), np.arange(500))
+    np.testing.assert_allclose(batch["x"].numpy(), x)
+    code, out, err = cli(capsys, str(tmp_path / "hf"), "--batch-size", "32", *FAST, "--no-progress")
+    assert code == 0, err
+    assert "500 samples of " in out and "fl.Loader(source, batch_size=32, num_threads=" in out
+    # A DatasetDict's folder names its splits instead.
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    code, _, err = cli(capsys, str(tmp_path / "dict"), "--batch-size", "8")
+    assert code == 2 and "DatasetDict: name one split's folder" in one_error_line(err), err
+    code, out, err = cli(capsys, str(tmp_path / "dict" / "train"), "--batch-size", "32", *FAST, "--no-progress")
+    assert code == 0 and "500 samples of " in out, err
+
+
+def test_tunes_baseline_reads_a_parquet_source_in_its_own_order(tmp_path: Path) -> None:
+    # The defaults row is what fl.Loader(source, batch_size) resolves, its order included: the
+    # source's ("block" for Parquet), decided in one place for the Loader and tune alike.
+    from fastload._config import default_config
+
+    _parquet_rows(tmp_path / "a.parquet", 600)
+    source = fl.Parquet(tmp_path / "a.parquet")
+    assert default_config(source, 8, "cpu").order == "block" == fl.Loader(source, 8, device="cpu").config.order
+    assert default_config(fl.Dataset({"x": np.zeros(10)}), 8, "cpu").order == "random"
+    assert fl.Loader(source, 8, device="cpu", order="random").config.order == "random"  # given, it wins
+
+
+def test_copy_streams_is_the_one_name_and_streams_still_works() -> None:
+    point = fl.TunePoint(2, 4, 3, 100.0, 0.1)
+    assert point.copy_streams == 3 and point.describe(gpu=True).endswith("copy_streams=3")
+    with pytest.warns(FutureWarning, match="copy_streams"):
+        assert point.streams == 3
+    x = np.zeros((200, 4), np.float32)
+    with pytest.warns(FutureWarning, match="copy_streams"):
+        result = fl.tune(x, batch_size=8, threads=[1], prefetch=[2], streams=[1], seconds=0.02, repeats=1,
+                         progress=False)
+    assert [r.copy_streams for r in result.rows] == [1] and "copy_streams" in result.to_json()["rows"][0]
+    with pytest.raises(ValueError, match="streams is the old name of copy_streams"):
+        fl.tune(x, batch_size=8, streams=[1], copy_streams=[1])
+
+
+def test_urls_tune_through_the_same_constructors(s3_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # The S3 server of the tests, found through the environment as a user's bucket would be.
+    boto3 = pytest.importorskip("boto3")
+    import uuid
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server[0])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    s3 = boto3.client("s3", endpoint_url=s3_server[0], region_name="us-east-1")
+    bucket = f"t-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    (tmp_path / "pq").mkdir()
+    for k in range(2):
+        _parquet_rows(tmp_path / "pq" / f"part-{k}.parquet", 400, start=400 * k)
+        s3.upload_file(str(tmp_path / "pq" / f"part-{k}.parquet"), bucket, f"pq/part-{k}.parquet")
+    fl.write_dataset(tmp_path / "ds", {"x": np.zeros((700, 3), np.float32)}, rows_per_shard=100)
+    for f in sorted(p for p in (tmp_path / "ds").rglob("*") if p.is_file()):
+        s3.upload_file(str(f), bucket, f"ds/{f.relative_to(tmp_path / 'ds').as_posix()}")
+    for url, extra, says in ((f"s3://{bucket}/pq/part-0.parquet", [], "400 samples of 24 B"),
+                             (f"s3://{bucket}/pq/", ["--format", "parquet"], "800 samples of 24 B"),
+                             (f"s3://{bucket}/ds", [], "700 samples of 12 B")):
+        code, out, err = cli(capsys, url, "--batch-size", "16", "--seconds", "0.05", "--repeats", "1", "--threads", "1",
+                             "--prefetch", "2", "--no-progress", *extra)
+        assert code == 0, err
+        assert says in out, out
+    # A prefix of Parquet files read as a dataset directory says what to pass.
+    code, _, err = cli(capsys, f"s3://{bucket}/pq/", "--batch-size", "16")
+    assert code == 2 and "manifest.json" in err and "--format parquet" in err, err

@@ -687,7 +687,7 @@ void register_python_source(py::module_& m) {
   });
 
   // leaves: [(name, kind, dl_code, bits, shape, row_bytes, item_bytes, max_length, pad bytes)];
-  // tree: see tree_from; see fastload._python_source for how both are inferred.
+  // tree: see tree_from; see fastload._sources.python for how both are inferred.
   m.def("PythonSource", [](py::object dataset, py::object getitems, py::object collate, py::object worker_init,
                            const py::list& leaf_list, const py::tuple& tree, int64_t size) {
     std::vector<Leaf> leaves;

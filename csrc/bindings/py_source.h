@@ -4,7 +4,7 @@
 // user's own call, no torch.stack, no intermediate batch. A sample is a tree (dicts, tuples,
 // lists, namedtuples) whose leaves are arrays, tensors, scalars (parts of the batch) or other
 // objects (strings, bytes, ...: lists in the batch). The first sample fixes the tree, every
-// leaf's dtype and shape; fastload._python_source infers it and hands it here.
+// leaf's dtype and shape; fastload._sources.python infers it and hands it here.
 #pragma once
 #include <pybind11/pybind11.h>
 

@@ -93,13 +93,19 @@ void register_sampler(py::module_& m) {
   m.attr("MAX_GLOBAL_BATCH") = kMaxGlobalBatch;
   m.attr("EVEN_POLICIES") = py::make_tuple(kEvenNames[0], kEvenNames[1], kEvenNames[2]);
   m.attr("PARTITIONS") = py::make_tuple(kPartitionNames[0], kPartitionNames[1]);
+  m.attr("BLOCK_SIZE") = kBlockSize;
+  m.attr("WINDOW_SHARDS") = kWindowShards;
+  m.def("block_window_shards",
+        [](const std::vector<int64_t>& shard_rows) { return max_window_shards(shard_rows, kWindowShards, kBlockSize); },
+        py::arg("shard_rows"),
+        "the most shards one window of order=\"block\" can hold over these shards, in any epoch and on any rank");
 
   py::class_<SamplerConfig>(m, "Sampler")
       .def(py::init(&make_config), py::arg("num_samples"), py::arg("batch_size"),
            py::arg("world_size"), py::arg("rank"), py::arg("seed"), py::arg("shuffle"),
-           py::arg("order"), py::arg("even"), py::arg("drop_last"), py::arg("block_size") = 4096,
+           py::arg("order"), py::arg("even"), py::arg("drop_last"), py::arg("block_size") = kBlockSize,
            py::arg("partition") = "samples", py::arg("shard_rows") = std::vector<int64_t>{},
-           py::arg("window_shards") = 4)
+           py::arg("window_shards") = kWindowShards)
       .def_readonly("num_samples", &SamplerConfig::num_samples)
       .def_readonly("batch_size", &SamplerConfig::batch_size)
       .def_readonly("world_size", &SamplerConfig::world_size)

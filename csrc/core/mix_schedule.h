@@ -14,8 +14,8 @@ unsigned __int128 floor_sum(uint64_t n, uint64_t m, uint64_t a, uint64_t b);
 // The schedule. Global batch G; source j has quota Q_j = G*w_j = base_j + f_j (f_j in [0, 1)),
 // and R = G - sum(base_j) = sum(f_j) samples of each step are "extras". In fixed point M = 2^32
 // source j owns the interval [F_j, F_j + a_j) of [0, R*M), F_j = sum_{i<j} a_i, a_j ~ f_j*M (the
-// caller rounds, see fastload/_mix.py). Step s draws u_s = (s*ALPHA + phase) mod M, a golden-ratio
-// rotation (low discrepancy), and source j gets one extra sample iff u_s + k*M lies in its
+// caller rounds, see fastload/_mix_quota.py). Step s draws u_s = (s*ALPHA + phase) mod M, a
+// golden-ratio rotation (low discrepancy), and source j gets one extra sample iff u_s + k*M lies in its
 // interval for some integer k. The intervals tile [0, R*M) and none is longer than M, so exactly
 // R sources get an extra in every step: step s holds d_j(s) = base_j + e_j(s) samples of source j
 // (floor(Q_j) or floor(Q_j) + 1, summing to G). e_j(s) = 1 iff (u_s - F_j) mod M < a_j, so the

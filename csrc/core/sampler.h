@@ -24,6 +24,12 @@ inline const char* const kPartitionNames[] = {"samples", "shards"};
 // padding stay far inside int64. The one copy of the limit (Python reads fastload._C.MAX_GLOBAL_BATCH).
 constexpr int64_t kMaxGlobalBatch = int64_t{1} << 40;
 
+// order="block": samples per block (large enough that a block is a long sequential read) and, over
+// shards, the fewest shards whose samples are shuffled together (more small ones, until a window
+// holds kBlockSize samples). The one copy (Python reads fastload._C.BLOCK_SIZE and WINDOW_SHARDS).
+constexpr int64_t kBlockSize = 4096;
+constexpr int64_t kWindowShards = 4;
+
 Order parse_order(const std::string& s);
 Even parse_even(const std::string& s);
 Partition parse_partition(const std::string& s);
@@ -46,11 +52,11 @@ struct SamplerConfig {
   Order order = Order::Random;
   Even even = Even::Pad;
   bool drop_last = false;
-  int64_t block_size = 4096;  // samples per block for Order::Block (no shards); min window rows
+  int64_t block_size = kBlockSize;  // samples per block for Order::Block (no shards); min window rows
   // Samples per shard, in id order (empty: no shard structure). With shards, Order::Block
   // shuffles the shards, then the samples within windows of window_shards consecutive shards.
   std::vector<int64_t> shard_rows;
-  int64_t window_shards = 4;
+  int64_t window_shards = kWindowShards;
   Partition partition = Partition::Samples;
   void validate() const;      // throws std::invalid_argument naming the field and value
 };

@@ -26,6 +26,17 @@ std::vector<Segment> permuted(const std::vector<Segment>& segments, uint64_t see
   return out;
 }
 
+int64_t max_window_shards(const std::vector<int64_t>& shard_rows, int64_t window_shards, int64_t window_rows) {
+  std::vector<int64_t> rows;
+  for (int64_t r : shard_rows)
+    if (r > 0) rows.push_back(r);
+  std::sort(rows.begin(), rows.end());
+  // The fewest of the smallest shards that hold window_rows rows (all of them if none do).
+  int64_t count = 0, held = 0;
+  while (count < static_cast<int64_t>(rows.size()) && held < window_rows) held += rows[static_cast<size_t>(count++)];
+  return std::min<int64_t>(static_cast<int64_t>(rows.size()), std::max(window_shards, count));
+}
+
 SegmentOrder::SegmentOrder(std::vector<Segment> segments, Mode mode, uint64_t seed, uint64_t key,
                            int64_t window_shards, int64_t window_rows)
     : segments_(std::move(segments)), mode_(mode), seed_(seed), key_(key) {

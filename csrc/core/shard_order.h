@@ -54,6 +54,12 @@ class SegmentOrder {
   Permutation perm_;  // Random
 };
 
+// The most segments one Windows-mode window can hold, whatever order the shards come in (each
+// epoch permutes them) and whichever of them a rank owns: a window closes at the first segment
+// that brings it to window_shards segments and window_rows rows, so the worst case is a run of the
+// smallest shards. Empty shards are no segments. What a cache must hold to keep a window decoded.
+int64_t max_window_shards(const std::vector<int64_t>& shard_rows, int64_t window_shards, int64_t window_rows);
+
 // Whole shards per rank: the shards are taken in the given order, stably sorted by rows
 // (largest first), and each goes to the bin with the fewest rows so far (lowest bin on ties):
 // greedy longest-first. Bin b is rank relabel[b]. Each rank's segments keep the given order.

@@ -1,6 +1,6 @@
 // numpy's SeedSequence (its entropy pool of four 32-bit words, mixed by its hash) and PCG64
 // (numpy's seeding: generate_state(4, uint64) as the 128-bit state and increment); see
-// sample_rng.h. tests/test_images_rng.py checks every word against numpy itself.
+// sample_rng.h. tests/test_images_crop.py checks every word against numpy itself.
 #include "image/sample_rng.h"
 
 #include <cstddef>

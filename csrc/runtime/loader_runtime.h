@@ -69,12 +69,12 @@ class LoaderRuntime {
   NextStatus next_device(const Run& run, int output, cuda::api::CUstream stream, std::chrono::milliseconds timeout,
                          cuda::DeviceBatch* out, int64_t* ready);
 
-  // After a hand-out, with the wait share of the last RunStats::kWindow batches: the one-time
-  // hint naming the knob the counters point to, or "" (nothing to say, or said already).
+  // After a hand-out, with the wait share of the last RunStats::kWindow batches: the stall hint's
+  // figures (numbers only) the first time the loop waited more than RunStats::kStallShare of the
+  // last window (once per loader; false otherwise, with nothing to say or said already). The
+  // text that names a knob is Python's (fastload/_advice.py; see run_stats.h).
   // user_ns: time in a Python dataset's own code this epoch (negative: an array source);
   // processes: that code runs in worker processes.
-  // The stall hint's figures the first time the loop waited more than RunStats::kStallShare of
-  // the last window (once per loader; false otherwise). The text is Python's (see run_stats.h).
   bool stall_figures(const Run& run, double share, StallFigures* out, int64_t user_ns = -1, bool processes = false);
 
   MemoryCounts memory() const;

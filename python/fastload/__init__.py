@@ -16,7 +16,7 @@ from ._sources.image_spec import Image, ImageError, image_backends
 from ._sources.image_folder import ImageFolder
 from ._sources.pack import Pack
 from ._sources.tar import Tar
-from ._streams import record_stream
+from ._record_stream import record_stream
 from .tools.tune import TunePoint, TuneResult, tune
 from ._version import __version__
 

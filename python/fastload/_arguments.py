@@ -56,13 +56,14 @@ def check_loader_limits(*, batch_size: int, prefetch: int, num_threads: int, cop
                           f"in use, more than this machine's memory ({_fmt(limit)}); lower prefetch or batch_size")
 
 
-def check_batch_limits(source: Any, *, batch_size: int, world_size: int) -> None:
-    """Sizes the sampler and the batch layout must be able to hold (before either is made)."""
+def check_batch_limits(source: Any, *, batch_size: int, world_size: int, global_batch: int) -> None:
+    """Sizes the sampler and the batch layout must be able to hold (before either is made);
+    global_batch: batch_size x world_size, as LoaderConfig counts it (_config.global_batch_of)."""
     if world_size > MAX_GLOBAL_BATCH:
         raise ValueError(f"world_size must be at most 2**40, got {world_size}")
     if batch_size > MAX_GLOBAL_BATCH:
         raise ValueError(f"batch_size must be at most 2**40, got {batch_size}")
-    if batch_size * world_size > MAX_GLOBAL_BATCH:
+    if global_batch > MAX_GLOBAL_BATCH:
         raise ValueError(f"batch_size * world_size must be at most 2**40, got batch_size={batch_size} "
                          f"and world_size={world_size}")
     if len(source) > MAX_SAMPLES:

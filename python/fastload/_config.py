@@ -19,7 +19,7 @@ from . import _C
 from ._arguments import as_int, check_batch_limits, check_loader_limits
 from ._environment import default_num_threads, resolve_device, resolve_rank
 from ._machine import memory_limit
-from ._sources.protocol import member
+from ._sources.protocol import default_order, member
 
 EVEN: tuple[str, ...] = tuple(_C.EVEN_POLICIES)
 ORDER: tuple[str, ...] = tuple(_C.ORDERS)
@@ -74,11 +74,12 @@ class Arguments:
 
 
 def check_arguments(*, batch_size: Any, seed: Any = 0, shuffle: Any = False, drop_last: Any = False,
-                    with_index: Any = False, order: Any = "random", even: Any = "pad", steps: Any = None,
+                    with_index: Any = False, order: Any = None, even: Any = "pad", steps: Any = None,
                     prefetch: Any = None, copy_streams: Any = 1, streams: Any = None, num_threads: Any = None,
                     num_workers: Any = None, workers: Any = None, timeout: Any = None) -> Arguments:
     """Checks each argument once (a ValueError or TypeError naming it and its value). `streams` is
-    the old name of `copy_streams`: accepted with a FutureWarning."""
+    the old name of `copy_streams`: accepted with a FutureWarning. order=None: the source's own
+    (decided in resolve(), from the source)."""
     batch_size = as_int("batch_size", batch_size)
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -155,6 +156,12 @@ def _copy_streams(copy_streams: Any, streams: Any) -> int:
     return value
 
 
+def global_batch_of(batch_size: int, replicas: int) -> int:
+    """Samples per global step: batch_size on each of `replicas` data-parallel consumers. The one
+    formula: LoaderConfig.global_batch, the limit check and the resume state all take it from here."""
+    return batch_size * replicas
+
+
 @dataclass(frozen=True)
 class LoaderConfig(Arguments):
     """Everything a Loader is configured with, resolved once at construction (see the module).
@@ -186,7 +193,7 @@ class LoaderConfig(Arguments):
 
     def global_batch(self, devices: int = 1) -> int:
         """Samples per global step over `devices` devices per rank."""
-        return self.batch_size * self.replicas(devices)
+        return global_batch_of(self.batch_size, self.replicas(devices))
 
     @property
     def gpu(self) -> bool:
@@ -217,7 +224,10 @@ def resolve(args: Arguments, source: Any, *, rank: Any = None, world_size: Any =
             partition: Any = "samples", device: Any = None, stepped: bool = False,
             with_source: bool = False) -> LoaderConfig:
     """The configuration of a Loader over `source` (already a fastload source): what follows from
-    `args` and the source, checked (the errors name the argument)."""
+    `args` and the source, checked (the errors name the argument). order=None becomes the
+    source's default order (_sources.protocol.default_order)."""
+    if args.order is None:
+        args = replace(args, order=default_order(source))
     rank, world_size = resolve_rank(rank, world_size, process_group)
     if partition not in PARTITION:
         raise ValueError(f"partition must be one of {PARTITION}, got {partition!r}")
@@ -232,7 +242,8 @@ def resolve(args: Arguments, source: Any, *, rank: Any = None, world_size: Any =
     if stepped:
         _check_stepped(args.even, partition)
     resolved_device = resolve_device(device)
-    check_batch_limits(source, batch_size=args.batch_size, world_size=world_size)
+    check_batch_limits(source, batch_size=args.batch_size, world_size=world_size,
+                       global_batch=global_batch_of(args.batch_size, world_size))
     # A stream's steps are always full: a source that runs out starts its next epoch within the batch.
     # fl.Pack: an epoch's packed rows are not len(source) (its documents); and with_index adds its
     # "documents" part to the native source.

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ._arguments import MAX_THREADS, as_int
-from ._machine import env_int, local_world_size, torch_sees_gpu, usable_cpus  # noqa: F401 - re-exported
+from ._machine import cpu_share, env_int, local_world_size, torch_gpu_count, torch_sees_gpu, usable_cpus  # noqa: F401 - re-exported
 
 
 def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple[int, int]:
@@ -50,8 +50,9 @@ def resolve_rank(rank: Any, world_size: Any, process_group: Any = None) -> tuple
 
 
 def default_num_threads() -> int:
-    """The CPUs this process may use, shared among this job's processes on this node."""
-    return min(MAX_THREADS, max(1, usable_cpus() // local_world_size()))
+    """The CPUs this process may use, shared among this job's processes on this node (the whole
+    of _machine.cpu_share, the budget decode and scan threads are sized from too)."""
+    return min(MAX_THREADS, cpu_share())
 
 
 def resolve_device(device: Any) -> torch.device:
@@ -60,11 +61,11 @@ def resolve_device(device: Any) -> torch.device:
     if device is None:
         if not torch_sees_gpu():
             return torch.device("cpu")
-        local_rank = env_int("LOCAL_RANK") or 0
-        if local_rank >= torch.cuda.device_count():
+        local_rank, gpus = env_int("LOCAL_RANK") or 0, torch_gpu_count()
+        if local_rank >= gpus:
             raise ValueError(
                 f"device=None picks cuda:LOCAL_RANK, but LOCAL_RANK={local_rank} and only "
-                f"{torch.cuda.device_count()} CUDA device(s) are visible; pass device= explicitly")
+                f"{gpus} CUDA device(s) are visible; pass device= explicitly")
         return torch.device("cuda", local_rank)
     try:
         dev = torch.device(device)
@@ -92,6 +93,6 @@ def default_cuda_index() -> int:
     if torch.cuda.is_initialized():
         return torch.cuda.current_device()
     local_rank = env_int("LOCAL_RANK")
-    if local_rank is not None and 0 <= local_rank < torch.cuda.device_count():
+    if local_rank is not None and 0 <= local_rank < torch_gpu_count():
         return local_rank
     return 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from ._machine import torch_sees_gpu
+
 
 def release_cached(device: int) -> None:
     """Empties PyTorch's CUDA cache (a no-op where torch has no CUDA). `device`: the GPU index."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch_sees_gpu() and torch.cuda.is_initialized():
         with torch.cuda.device(device):
             torch.cuda.empty_cache()

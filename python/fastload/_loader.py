@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -29,7 +28,7 @@ from ._sources.protocol import as_source, attach_storage, check_fingerprint, fin
 from ._stats import LoaderStats
 
 # One output's batches of one epoch, in order, as dict[str, torch.Tensor]; next() is native (see
-# csrc/bindings/loader_binding.h): a Ctrl-C can never fall between taking a batch and handing it
+# csrc/bindings/loader.cpp): a Ctrl-C can never fall between taking a batch and handing it
 # over. On a GPU each batch is ready on the stream that was current when next() was called.
 LoaderIterator = _C.Iterator
 
@@ -148,8 +147,6 @@ class Loader:
             source = as_source(source, pad=pad, max_length=max_length, collate_fn=collate_fn,
                                worker_init_fn=worker_init_fn, seed=args.seed)
         args = python_options(args, source if isinstance(source, PythonSource) else None)
-        if args.order is None:  # "random", or what the source reads best (Parquet: "block" over its row groups)
-            args = replace(args, order=member(source, "default_order"))
         with_source = self._mix is not None and self._mix.with_source
         self._check_python_options(source, args.workers, args.with_index, args.even, with_source)
         self._config: LoaderConfig = resolve(args, source, rank=rank, world_size=world_size,

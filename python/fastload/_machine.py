@@ -28,11 +28,32 @@ def torch_sees_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def torch_gpu_count() -> int:
+    """The GPUs PyTorch can use (0 without one), asked without initialising CUDA."""
+    return torch.cuda.device_count() if torch_sees_gpu() else 0
+
+
 def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cpu_share() -> int:
+    """The CPU budget every thread fastload starts is sized from: the CPUs this process may use,
+    shared among this job's processes on this node. The collation threads default to all of it
+    (num_threads=None); a Parquet source's decode threads and fl.Pack's scan threads to a few of
+    it (helper_threads). Object storage's download threads wait on the network, not a CPU: they
+    are sized by max_concurrency instead."""
+    return max(1, usable_cpus() // local_world_size())
+
+
+def helper_threads(most: int) -> int:
+    """Threads that work beside the collation threads (decode, scan): at most `most`, and no more
+    than this process's CPU share."""
+    return max(1, min(most, cpu_share()))
 
 
 def local_world_size() -> int:
@@ -55,7 +76,7 @@ def local_world_size() -> int:
     if world and nodes:
         share = -(-world // nodes)
     else:
-        gpus = torch.cuda.device_count() if torch_sees_gpu() else 0
+        gpus = torch_gpu_count()
         share = min(world, gpus) if world and gpus else (gpus or world or 1)
     return max(share, local_rank + 1)
 

@@ -24,7 +24,6 @@ from ._machine import memory_limit
 from ._schedules import EpochSchedule, RunOrder, Schedule, epoch_arg, step_range
 from ._state import state_bool, state_int
 from ._stats import PackingStats
-from ._stream import BLOCK_SIZE, WINDOW_SHARDS
 
 PACK_STATE_VERSION = 1
 
@@ -50,7 +49,7 @@ def _check_packing(state: dict[str, Any], source: Any) -> None:
 def _sampler(config: LoaderConfig, source: Any, seed: int, world: int, rank: int) -> Any:
     c = config
     return _C.PackSampler(c.native, c.batch_size, world, rank, seed, c.shuffle, c.order, c.even, c.drop_last,
-                          BLOCK_SIZE, source.document_shard_rows, WINDOW_SHARDS, c.num_threads)
+                          _C.BLOCK_SIZE, source.document_shard_rows, _C.WINDOW_SHARDS, c.num_threads)
 
 
 def _stats(sampler: Any, epoch: int, source: Any) -> PackingStats:

@@ -3,7 +3,7 @@ from where, and the resume state.
 
 - EpochSchedule: epochs of one source (the native Sampler of each replica, csrc/core/sampler.h).
 - StepSchedule: steps=N, one run of N global steps over an endless stream of the source(s).
-- MixSchedule: a Mix without steps=, epochs of ceil(len(mix) / global batch) steps of its stream.
+- MixEpochSchedule: a Mix without steps=, epochs of ceil(len(mix) / global batch) steps of its stream.
 
 Each keeps where the loader stands (the running epoch, the pending start, the last epoch) and
 answers: length(), plan(), set_epoch(), prepare(devices) then start() (the next run's start
@@ -23,7 +23,7 @@ from ._config import MAX_STEPS, LoaderConfig
 from ._machine import memory_limit
 from ._state import check_state, check_stream_state, make_state, make_stream_state
 from ._stats import SourceStats
-from ._stream import BLOCK_SIZE, WINDOW_SHARDS, Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
+from ._stream_plan import Anchor, Resume, Stand, Stream, StreamRuns, StreamSources, weights_text
 
 
 def epoch_arg(epoch: Any) -> int:
@@ -229,7 +229,8 @@ class EpochSchedule(Schedule):
         c = self.config
         world = c.replicas(devices)
         return [_C.Sampler(len(self.source), c.batch_size, world, c.rank * devices + d, self.seed, c.shuffle,
-                           c.order, c.even, c.drop_last, BLOCK_SIZE, c.partition, self.shard_rows, WINDOW_SHARDS)
+                           c.order, c.even, c.drop_last, _C.BLOCK_SIZE, c.partition, self.shard_rows,
+                           _C.WINDOW_SHARDS)
                 for d in range(devices)]
 
     def length(self) -> int:
@@ -320,7 +321,8 @@ class EpochSchedule(Schedule):
         c = self.config
         return make_state(num_samples=len(self.source), seed=self.seed, shuffle=c.shuffle, order=c.order,
                           even=c.even, drop_last=c.drop_last, epoch=epoch, position=position,
-                          batch_size=c.batch_size, replicas=self.replicas, partition=c.partition)
+                          batch_size=c.batch_size, replicas=self.replicas, global_batch=c.global_batch(self.outputs),
+                          partition=c.partition)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         c = self.config
@@ -342,7 +344,7 @@ class EpochSchedule(Schedule):
 
 
 class StreamSchedule(Schedule):
-    """What the step-based modes share: the stream over the sources (see _stream.py), its anchor
+    """What the step-based modes share: the stream over the sources (see _stream_plan.py), its anchor
     and its runs."""
 
     def __init__(self, config: LoaderConfig, source: Any, lock: threading.RLock, *, sources: StreamSources,
@@ -452,7 +454,8 @@ class StreamSchedule(Schedule):
         src = st.sources
         return make_stream_state(names=list(src.names), num_samples=list(src.lengths), seed=self.seed,
                                  shuffle=c.shuffle, order=c.order, steps=c.steps, epoch=epoch, step=step,
-                                 batch_size=c.batch_size, replicas=self.replicas, steps_per_epoch=steps_per_epoch,
+                                 batch_size=c.batch_size, replicas=self.replicas, global_batch=g,
+                                 steps_per_epoch=steps_per_epoch,
                                  schedule=schedule, positions=st.positions(anchor, step),
                                  weights_given=self.weights_given)
 
@@ -525,7 +528,7 @@ class StepSchedule(StreamSchedule):
         return None
 
 
-class MixSchedule(StreamSchedule):
+class MixEpochSchedule(StreamSchedule):
     """A Mix without steps=: epoch e is steps [e*spe, (e+1)*spe) of the stream, spe = ceil(len(mix)
     / global batch); epochs follow the usual rules (set_epoch, an untouched iter() reruns its
     epoch, load_state_dict resumes the saved epoch)."""
@@ -571,7 +574,7 @@ def make_schedule(config: LoaderConfig, source: Any, lock: threading.RLock, mix:
     if not config.stepped:
         return EpochSchedule(config, source, lock)
     sources = mix.stream_sources() if mix is not None else StreamSources.single(source)
-    kind = StepSchedule if config.steps is not None else MixSchedule
+    kind = StepSchedule if config.steps is not None else MixEpochSchedule
     schedule = kind(config, source, lock, sources=sources, epoch_samples=len(mix if mix is not None else source),
                     weights_given=mix.given if mix is not None else None)
     if mix is not None:

@@ -17,9 +17,10 @@ MAX_EPOCH = 2**62  # epochs are int64 in the core; this leaves room to count on
 
 
 def make_state(*, num_samples: int, seed: int, shuffle: bool, order: str, even: str, drop_last: bool,
-               epoch: int, position: int, batch_size: int, replicas: int,
+               epoch: int, position: int, batch_size: int, replicas: int, global_batch: int,
                partition: str = "samples") -> dict[str, Any]:
-    """position: the global sample position where the next global step starts."""
+    """position: the global sample position where the next global step starts; global_batch:
+    the LoaderConfig's (batch_size x replicas)."""
     return {
         "version": STATE_VERSION,
         "num_samples": num_samples,
@@ -32,7 +33,7 @@ def make_state(*, num_samples: int, seed: int, shuffle: bool, order: str, even: 
         "position": position,
         "batch_size": batch_size,
         "world_size": replicas,
-        "global_batch_size": batch_size * replicas,
+        "global_batch_size": global_batch,
         "partition": partition,
     }
 
@@ -115,7 +116,7 @@ _STREAM_REQUIRED = ("version", "mode", "num_samples", "names", "seed", "shuffle"
 
 
 def make_stream_state(*, names: list[str], num_samples: list[int], seed: int, shuffle: bool, order: str,
-                      steps: int | None, epoch: int, step: int, batch_size: int, replicas: int,
+                      steps: int | None, epoch: int, step: int, batch_size: int, replicas: int, global_batch: int,
                       steps_per_epoch: int | None, schedule: dict[str, Any], positions: list[int],
                       weights_given: Any = None) -> dict[str, Any]:
     """step: the global step of the next batch; positions: every source's stream position there;
@@ -135,7 +136,7 @@ def make_stream_state(*, names: list[str], num_samples: list[int], seed: int, sh
         "steps_per_epoch": steps_per_epoch,
         "batch_size": batch_size,
         "world_size": replicas,
-        "global_batch_size": batch_size * replicas,
+        "global_batch_size": global_batch,
         "weights": weights_given,
         "schedule": dict(schedule),
         "positions": list(positions),
@@ -182,7 +183,7 @@ def check_stream_state(state: Any, *, names: list[str], num_samples: list[int], 
     for key in ("global_batch_size", "weights", "origin", "base_positions"):
         if key not in schedule:
             raise ValueError(f"state['schedule'] is missing {key!r}; was it made by Loader.state_dict()?")
-    from ._stream import parse_weights  # noqa: PLC0415 - _stream imports nothing from here
+    from ._stream_plan import parse_weights  # noqa: PLC0415 - _stream_plan imports nothing from here
 
     n = len(names)
     return {

@@ -114,7 +114,7 @@ def test_process_workers_feed_the_gpu(tmp_path):
 def test_tune_measures_worker_processes_feeding_the_gpu_by_default():
     import tune_datasets  # tests/: importable here and by the worker processes (spawn passes sys.path)
 
-    result = fl().tune(tune_datasets.Points(200, 4), batch_size=16, device=DEV, threads=1, prefetch=2, streams=1,
+    result = fl().tune(tune_datasets.Points(200, 4), batch_size=16, device=DEV, threads=1, prefetch=2, copy_streams=1,
                        seconds=0.05, repeats=1, progress=False)
     assert [r.workers for r in result.rows] == ["threads", "processes"]
     assert all(r.samples_per_s > 0 for r in result.rows)

@@ -752,7 +752,7 @@ def test_record_stream_names_a_tensor_that_is_not_batch_memory(driver, monkeypat
     user = User(driver)
     loader = gpu_loader(fl.Dataset({"x": np.arange(100)}), 10)
     batch = next(iter(loader))
-    monkeypatch.setattr(fl._streams._C, "_record_stream", lambda device, ptr, stream: False)
+    monkeypatch.setattr(fl._record_stream._C, "_record_stream", lambda device, ptr, stream: False)
     with pytest.raises(ValueError, match=r"batch\['x'\] \(cuda:0, .*tensor.record_stream"):
         fl.record_stream(batch, user.stream())
 

@@ -1,7 +1,7 @@
 """fastload.Mix: several sources read as one, in set proportions of every batch.
 
 A Mix is a source (the Source protocol) whose sample ids lay its parts end to end; a Loader over
-it runs the step-based stream (_stream.py): every global step holds each part's share of the
+it runs the step-based stream (_stream_plan.py): every global step holds each part's share of the
 global batch to within one sample, and each part is read in its own epochs. Native parts (arrays,
 windows, dataset directories) are gathered by one native MixSource; Python datasets are read
 through one concatenating dataset (so sample_rng is keyed by the id in the Mix).
@@ -18,7 +18,7 @@ from .. import _C
 from .._mix_quota import normalised
 from .python import PythonSource, id_offset
 from .protocol import Source, check_map_style, member
-from .._stream import StreamSources
+from .._stream_plan import StreamSources
 
 __all__ = ["Mix"]
 

@@ -9,22 +9,22 @@ threads write the rows straight into the batch. The Loader's schedule for a Pack
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .. import _C
 from .._arguments import as_int
+from .._machine import helper_threads
 from .arrow import Arrow, is_arrow_data
-from .protocol import check_fingerprint, fingerprint, member, stored_files
+from .protocol import check_fingerprint, default_order, fingerprint, member, stored_files
 from .ragged import stored_scalar
 
 __all__ = ["Pack"]
 
 SPLITS: tuple[str, ...] = tuple(_C.PACK_SPLITS)
 PARTS: tuple[str, ...] = tuple(_C.PACK_PARTS)  # segment_ids, position_ids, cu_seqlens, documents
-_SCAN_THREADS = min(8, os.cpu_count() or 1)
+_SCAN_THREADS = 8  # at most, of the process's CPU share (_machine.helper_threads)
 
 
 def _list_kinds(source: Any) -> dict[str, str]:
@@ -142,7 +142,7 @@ class Pack:
         inner = source.native_source()
         pads = self._pad_bytes(inner, pad)
         self._native = _C.PackSource(inner, self.columns, length, pads, window or 0, split, max_segments or 0,
-                                     False, _SCAN_THREADS, (source,))
+                                     False, helper_threads(_SCAN_THREADS), (source,))
         self._documents_native: Any = None
         self.scan = dict(_C.pack_scan(self._native))
         self.window = self.scan["window"]
@@ -214,7 +214,7 @@ class Pack:
 
     @property
     def default_order(self) -> str:
-        return member(self.source, "default_order")
+        return default_order(self.source)
 
     def native_source(self, with_documents: bool = False) -> Any:
         if not with_documents:

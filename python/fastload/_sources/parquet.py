@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import _C, _lifecycle
+from .._machine import helper_threads
 from .arrow import plan_columns
 from .column_types import ColumnType, column_types
 from .hive import NULL_VALUE, Partitions, discover
@@ -22,9 +23,10 @@ from .._storage.file_set import FileSet, local_pin, redacted
 __all__ = ["Parquet"]
 
 _DEFAULT_CACHE_BYTES = 512 << 20
-# Decode threads by default: each decodes one row group at a time (pyarrow use_threads=False), so
-# row groups decode in parallel with each other and with the gather.
-_DEFAULT_DECODE_THREADS = min(4, os.cpu_count() or 1)
+# Decode threads by default, at most this many of the process's CPU share (_machine.helper_threads):
+# each decodes one row group at a time (pyarrow use_threads=False), so row groups decode in
+# parallel with each other and with the gather.
+_DEFAULT_DECODE_THREADS = 4
 _DECODE_BATCH_ROWS = 8192
 
 
@@ -66,8 +68,8 @@ class Parquet:
             per collation thread are kept whatever their size; row groups decoded ahead (up to
             half the budget, and at least one window) are kept until a batch has read them.
         decode_threads: threads that decode the row groups the next batches need, ahead of
-            the collation threads (default min(4, CPUs); 0: each row group is decoded by the
-            first collation thread that needs it).
+            the collation threads (default 4, or fewer where the CPUs num_threads defaults to are
+            fewer; 0: each row group is decoded by the first collation thread that needs it).
         decode: {column: fl.Image(...)}: an image column (binary, or a Hugging Face Image
             struct of bytes and path) decoded natively per sample, as fl.Arrow's decode=.
         storage_options, cache_dir, cache_limit: for URLs (a prefix such as "s3://bucket/table/",
@@ -111,7 +113,7 @@ class Parquet:
         if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
         if decode_threads is None:
-            decode_threads = _DEFAULT_DECODE_THREADS
+            decode_threads = helper_threads(_DEFAULT_DECODE_THREADS)
         if isinstance(decode_threads, bool) or not isinstance(decode_threads, int) or not 0 <= decode_threads <= 64:
             raise ValueError(f"decode_threads must be an int in [0, 64], got {decode_threads!r}")
         self.decode_threads = decode_threads
@@ -150,12 +152,9 @@ class Parquet:
         self._rows = rows
         self._cache_bytes = cache_bytes
         names = [f"row group {g} of {self._paths[k]}" for k, g in self._groups]
-        # order="block" shuffles within windows of consecutive row groups (at least _WINDOW_SHARDS, and
-        # enough to hold _BLOCK_SIZE rows): keep a window decoded whatever the budget.
-        from .._stream import BLOCK_SIZE as _BLOCK_SIZE, WINDOW_SHARDS as _WINDOW_SHARDS  # noqa: PLC0415
-
-        mean_rows = max(1, sum(rows) // max(1, sum(1 for r in rows if r)))
-        window = max(_WINDOW_SHARDS, -(-_BLOCK_SIZE // mean_rows))
+        # order="block" shuffles within windows of consecutive row groups: keep a window decoded
+        # whatever the budget (the sampler's own count of the most a window holds).
+        window = _C.block_window_shards(rows)
         # The native source calls back through a weak reference: a strong one would make a cycle
         # the garbage collector cannot see (this object -> native source -> this object).
         self._native = _C.RowGroupSource(self._schema_table, self._requests, rows, names,

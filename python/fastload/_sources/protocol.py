@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .._arguments import as_int
 
-__all__ = ["Source", "OPTIONAL_MEMBERS", "member", "declare_shards", "redeclare", "attach_storage", "follow_run"]
+__all__ = ["Source", "OPTIONAL_MEMBERS", "member", "default_order", "declare_shards", "redeclare", "attach_storage", "follow_run"]
 
 
 @runtime_checkable
@@ -31,7 +31,8 @@ class Source(Protocol):
     without one is read as its default says):
 
     - ``default_order`` ("random"): the order a shuffled Loader reads it in when ``order=`` is
-      not given ("block" for Parquet: windows of row groups, each decoded about once).
+      not given ("block" for Parquet: windows of row groups, each decoded about once); asked
+      once, through default_order() below.
     - ``string_lists`` (none): names of its list-of-strings columns (a Mix joins them).
     - ``packs_rows`` (False): its samples are packed rows (fl.Pack): the Loader deals packed rows.
     - ``fingerprint()`` / ``check_fingerprint(fp)`` (nothing checked): a cheap record, taken
@@ -115,6 +116,12 @@ class _NoStorage:
 
     def stats(self) -> None:
         return None
+
+
+def default_order(source: Any) -> str:
+    """The order a Loader over `source` uses when order= is not given, decided here once (the
+    Loader's configuration, tune's baseline and fl.Pack over an inner source all ask this)."""
+    return member(source, "default_order")
 
 
 def declare_shards(source: Any, rows: Any) -> Any:

@@ -10,6 +10,8 @@ from typing import TextIO
 
 import torch
 
+from .._machine import torch_sees_gpu
+
 __all__ = ["positive_int", "positive_float", "int_list", "check_device", "ProgressLine"]
 
 
@@ -55,7 +57,7 @@ def check_device(parser: argparse.ArgumentParser, device: str | None) -> None:
         kind = None
     if kind not in ("cpu", "cuda"):
         parser.error(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if kind == "cuda" and not torch.cuda.is_available():
+    if kind == "cuda" and not torch_sees_gpu():
         parser.error(f"--device {device}: no usable CUDA GPU is present")
 
 

@@ -89,8 +89,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     loader.add_argument("--prefetch", type=positive_int, default=None, metavar="P",
                         help="batches in flight (default: the loader's: a 16 MiB budget, at most 32, "
                              "at least one per thread)")
-    loader.add_argument("--streams", type=positive_int, default=1, metavar="S",
-                        help="copy streams per GPU (default: %(default)s; no effect on the CPU)")
+    loader.add_argument("--copy-streams", "--streams", dest="copy_streams", type=positive_int, default=1, metavar="S",
+                        help="copy streams per GPU (default: %(default)s; no effect on the CPU; --streams is its "
+                             "old name)")
     loader.add_argument("--device", default=None, metavar="DEV",
                         help="'cpu', 'cuda' or 'cuda:N' (default: cuda:LOCAL_RANK if a GPU is usable, else cpu)")
 
@@ -368,7 +369,7 @@ def summary(stats: Stats, loader: fl.Loader, args: argparse.Namespace, dataset_m
         f"(mean of the first and last {_LOSS_WINDOW} steps)",
         f"  dataset     {args.samples:,} x {args.features} {args.dtype} + int64 label = {dataset_mb:,.1f} MB",
         f"  settings    threads={knob(loader.num_threads, args.threads)} prefetch={knob(prefetch, args.prefetch)} "
-        f"streams={args.streams if on_cuda else 'n/a'} "
+        f"copy_streams={args.copy_streams if on_cuda else 'n/a'} "
         f"batch-size={args.batch_size} device={knob(loader.device, args.device)} "
         f"sync={('on' if sync else 'off') if on_cuda else 'n/a'} (torch-threads={torch.get_num_threads()})",
     ]
@@ -403,7 +404,7 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
     dataset_mb = sum(c.nbytes for c in columns.values()) / 1e6
     try:
         loader = fl.Loader(fl.Dataset(columns), batch_size=args.batch_size, shuffle=True, seed=args.seed,
-                           num_threads=args.threads, prefetch=args.prefetch, copy_streams=args.streams,
+                           num_threads=args.threads, prefetch=args.prefetch, copy_streams=args.copy_streams,
                            device=args.device)
     except ValueError as e:  # e.g. --device cuda without a GPU: a usage error, not a crash
         print(f"python -m fastload: error: {e}", file=log)

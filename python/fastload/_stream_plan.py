@@ -17,13 +17,6 @@ from typing import Any, Sequence
 from . import _C
 from ._mix_quota import normalised, quotas
 
-# order="block": samples per block (large enough that a block is a long sequential read), and over
-# shards, the shards whose samples are shuffled together (more small ones until a window holds
-# BLOCK_SIZE samples). The one copy: the epoch samplers (_schedules.py) use these too.
-BLOCK_SIZE = 4096
-WINDOW_SHARDS = 4
-
-
 @dataclass(frozen=True)
 class StreamSources:
     """What a stream reads: each source's name, length and shard rows, and the weights."""
@@ -83,13 +76,12 @@ class Stream:
         return self.default_anchor(global_batch)
 
     def sampler(self, anchor: Anchor, batch_size: int, replicas: int, rank: int) -> Any:
-        if batch_size * replicas != anchor.global_batch:
-            raise ValueError(f"batch_size * world_size = {batch_size * replicas} is not the anchored global batch "
-                             f"{anchor.global_batch}")
+        """One replica's native StreamSampler; batch_size x replicas must be the anchor's global
+        batch (the native schedule refuses quotas that do not add up to it)."""
         base, shares = self.quotas(anchor.global_batch, anchor.weights)
         s = self.sources
         return _C.StreamSampler(list(s.lengths), s.offsets, [list(r) for r in s.shard_rows], self.seed, self.shuffle,
-                                self.order, BLOCK_SIZE, WINDOW_SHARDS, batch_size, replicas, rank, base, shares,
+                                self.order, _C.BLOCK_SIZE, _C.WINDOW_SHARDS, batch_size, replicas, rank, base, shares,
                                 anchor.origin, list(anchor.base_positions))
 
     def positions(self, anchor: Anchor, step: int) -> list[int]:
@@ -155,7 +147,7 @@ class StreamRuns:
         """(epoch, first step, end step, anchor) of the next run at this global batch. stand: where
         the last run stopped (None before any); pending_epoch: set_epoch's; rerun: (epoch, first
         step) of a run nothing was taken from (it runs again); next_epoch: the epoch otherwise."""
-        st, saved = self.stream, self.resume
+        saved = self.resume
         if saved is not None:
             stand = Stand(saved.anchor, saved.step, saved.positions)
         if self.steps is not None:
