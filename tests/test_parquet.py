@@ -166,8 +166,16 @@ def test_list_of_files_and_bad_paths(tmp_path):
         fl.Parquet(path)  # a list column's longest row is unknown without decoding
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet at all")
-    with pytest.raises(ValueError, match="not a readable Parquet file"):
+    with pytest.raises(ValueError, match=r"bad.parquet is not a Parquet file \(it does not end with PAR1\)"):
         fl.Parquet(bad)
+    tiny = tmp_path / "tiny.parquet"
+    tiny.write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match=r"tiny.parquet is not a Parquet file \(4 bytes; the smallest holds 12\)"):
+        fl.Parquet(tiny)
+    torn = tmp_path / "torn.parquet"
+    torn.write_bytes(b"PAR1" + b"\0" * 8 + (10**6).to_bytes(4, "little") + b"PAR1")
+    with pytest.raises(ValueError, match=r"torn.parquet is not a readable Parquet file \(a footer of"):
+        fl.Parquet(torn)
 
 
 def test_nulls_refused_and_filled(tmp_path):

@@ -74,13 +74,12 @@ def read_footers(files: Any) -> list[tuple[Opened, bytes]]:
     sizes = files.sizes
     for k, size in enumerate(sizes):
         if size < 12:
-            raise ValueError(f"{files.names[k]} is not a Parquet file, not a readable Parquet file ({size} bytes)")
+            raise ValueError(f"{files.names[k]} is not a Parquet file ({size} bytes; the smallest holds 12)")
     tails = files.read_ranges([(k, max(0, n - _TAIL), n) for k, n in enumerate(sizes)])
     more = []
     for k, (tail, size) in enumerate(zip(tails, sizes)):
         if tail[-4:] != _MAGIC:
-            raise ValueError(f"{files.names[k]} is not a Parquet file, not a readable Parquet file (it does not end "
-                             "with PAR1)")
+            raise ValueError(f"{files.names[k]} is not a Parquet file (it does not end with PAR1)")
         need = int.from_bytes(tail[-8:-4], "little") + 8
         if need > size - 4:
             raise ValueError(f"{files.names[k]} is not a readable Parquet file (a footer of {need} bytes in {size})")
