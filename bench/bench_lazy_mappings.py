@@ -42,7 +42,7 @@ import fastload as fl
 path, order, budget, epochs, batch, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \\
     int(sys.argv[5]), int(sys.argv[6])
 try:
-    from fastload._sources import mapping as _mapping
+    from fastload._columns import mapping as _mapping
     ctx = _mapping.mapping_budget(budget)
 except (ImportError, AttributeError):  # a build without lazy mappings: eager only
     import contextlib

@@ -291,7 +291,7 @@ def test_a_corrupt_offsets_file_is_named_by_column_shard_row_and_file_on_every_p
     """Issue 33: without verify, a corrupt ragged offsets file was named by its file only. Row 7 of
     shard 1 now decreases (same size, so opening notices nothing); every path that reads it names
     the column, the shard, the row and the file."""
-    from fastload._sources import mapping as _mapping
+    from fastload._columns import mapping as _mapping
 
     f = written / "r" / "000001.offsets.npy"
     o = np.load(f)

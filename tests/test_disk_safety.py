@@ -491,7 +491,7 @@ def test_overwrite_refuses_what_is_not_a_dataset(tmp_path, monkeypatch):
 def test_overwrite_refuses_a_directory_put_at_the_path_after_the_check(tmp_path, monkeypatch, exchange):
     # What is at `path` is checked before the new dataset is swapped in; a directory that took its
     # place in between (another process) must not be swapped out and deleted either.
-    from fastload._sources import replace as _replace
+    from fastload._writing import replace as _replace
 
     if not exchange:
         monkeypatch.setattr(_replace, "_renameat2", None)
@@ -520,7 +520,7 @@ def test_overwrite_of_a_dataset_leaves_only_the_new_one(tmp_path):
 
 
 def test_overwrite_without_rename_exchange_still_replaces(tmp_path, monkeypatch):
-    from fastload._sources import replace as _replace
+    from fastload._writing import replace as _replace
 
     monkeypatch.setattr(_replace, "_renameat2", None)  # a system or filesystem without it
     fl.write_dataset(tmp_path / "d", {"x": np.arange(10)})
@@ -583,7 +583,7 @@ def test_concurrent_overwriters_all_succeed_and_leave_one_dataset(tmp_path):
 
 KILLED = """
     import os, sys, numpy as np, fastload as fl
-    from fastload._sources import replace as _replace
+    from fastload._writing import replace as _replace
     path, where = sys.argv[1], sys.argv[2]
     if where == "before-exchange":
         real = _replace.rename2
@@ -765,7 +765,7 @@ def test_running_out_of_memory_mappings_is_explained(d, tmp_path, monkeypatch):
     # Linux allows vm.max_map_count mappings (65,530 by default): each shard file is one.
     import errno
 
-    from fastload._sources import mapping as _mapping
+    from fastload._columns import mapping as _mapping
 
     def refuse(path):
         raise OSError(errno.ENOMEM, "Cannot allocate memory", path)

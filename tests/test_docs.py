@@ -122,5 +122,5 @@ def test_the_file_name_check_finds_a_stale_name():
         "core/sampler.h", "bindings/loader_binding.h"]
     assert not any((REPO / "csrc").glob("bindings/loader_binding.h"))
     assert FILE_NAME.findall("(_stream.py, tests/test_images_rng.py)") == ["_stream.py", "test_images_rng.py"]
-    assert _module_exists("_sources.columns.ColumnSpec") and _module_exists("Loader")
-    assert not _module_exists("_columns.ArrayColumn") and not _module_exists("_python_source")
+    assert _module_exists("_columns.spec.ColumnSpec") and _module_exists("Loader")
+    assert not _module_exists("_column_kinds.ArrayColumn") and not _module_exists("_python_source")

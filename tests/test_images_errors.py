@@ -12,7 +12,7 @@ from image_reference import needs_native_decoders, encode, photo, png_bytes, wri
 
 import fastload as fl
 from fastload import _C
-from fastload._sources.image_fallback import PilDecoder
+from fastload._images.fallback import PilDecoder
 
 pytestmark = needs_native_decoders()
 

@@ -18,7 +18,7 @@ from image_reference import encode, photo, pil_rgb, write
 
 import fastload as fl
 from fastload import _C
-from fastload._sources.image_fallback import PilDecoder
+from fastload._images.fallback import PilDecoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The decode stage's sources, as CMakeLists.txt lists them for fastload_image, less the decoders

@@ -23,7 +23,7 @@ from PIL import Image as PILImage
 
 import fastload as fl
 from fastload import _C
-from fastload._sources.image_fallback import PilDecoder
+from fastload._images.fallback import PilDecoder
 
 pytestmark = needs_native_decoders()
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._sources import mapping as _mapping
+from fastload._columns import mapping as _mapping
 
 
 def ragged_rows(n, longest=5, seed=0):
@@ -403,7 +403,7 @@ def test_more_files_than_vm_max_map_count_under_a_descriptor_limit_of_1024(tmp_p
 
 
 def test_the_mapping_limit_hint_says_the_mappings_in_use_and_the_limit(monkeypatch):
-    from fastload._sources import mapping as _mapping
+    from fastload._columns import mapping as _mapping
 
     monkeypatch.setattr(_mapping, "_max_map_count", lambda: 65530)
     monkeypatch.setattr(_mapping, "_mappings_in_use", lambda: 65529)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._sources import mapping as _mapping
+from fastload._columns import mapping as _mapping
 from pack_reference import reference_epoch
 from test_pack import PARTS, assert_consistent, columns_of, compare, lengths_of, make_docs
 

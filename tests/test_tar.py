@@ -131,7 +131,7 @@ def test_decoded_images_equal_the_decode_stage_on_the_same_bytes(tmp_path):
     spec = fl.Image(24, crop="random", flip=0.5)
     ds = fl.Tar(path, fields=["jpg", "cls"], decode={"jpg": spec})
     assert ds.string_lists == []
-    from fastload._sources.image_fallback import fallback_for
+    from fastload._images.fallback import fallback_for
     seen = 0
     for b in all_batches(ds, batch_size=4, shuffle=True, seed=3, with_index=True):
         assert b["jpg"].shape[1:] == (24, 24, 3)

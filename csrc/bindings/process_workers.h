@@ -1,7 +1,7 @@
 // The main process's side of worker processes (workers="processes"): collation thread k sends
 // each batch it builds to worker process k over a Unix socket (the sample ids and where each part
 // of the batch lives in shared memory), and waits for the reply with no GIL held; the worker runs
-// the dataset and writes the samples straight into the batch (fastload._sources.worker_process). A
+// the dataset and writes the samples straight into the batch (fastload._workers.process). A
 // segment's descriptor is sent to a worker once, with the first batch that uses it.
 //
 // Wire format (host byte order; both ends are on one machine):

@@ -29,7 +29,7 @@ std::vector<int32_t> int32s(const py::handle& h) {
   return std::vector<int32_t>(a.data(), a.data() + a.shape(0));
 }
 
-// One column from a fastload._sources.columns.ColumnSpec (a NamedTuple; see there for the fields).
+// One column from a fastload._columns.spec.ColumnSpec (a NamedTuple; see there for the fields).
 ArrayColumn column_from(const py::handle& d) {
   ArrayColumn c;
   c.name = d.attr("name").cast<std::string>();
@@ -99,7 +99,7 @@ void register_sources(py::module_& m) {
       })
       .def("__len__", [](const SourceHandle& s) { return s.source->size(); });
 
-  // columns: fastload._sources.columns.ColumnSpec descriptions; owners: what keeps their memory alive.
+  // columns: fastload._columns.spec.ColumnSpec descriptions; owners: what keeps their memory alive.
   m.def("ArraySource", [](const py::list& columns, py::object owners) {
     std::vector<ArrayColumn> cols;
     for (const py::handle& h : columns) cols.push_back(column_from(h));

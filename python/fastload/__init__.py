@@ -6,13 +6,13 @@ from ._sources.directory import DatasetError, DiskDataset
 from ._sources.mix import Mix
 from ._sources.protocol import Source
 from ._sources.python import PythonSource, SampleError, sample_rng
-from ._sources.ragged import Ragged
-from ._sources.writer import DatasetWriter, write_dataset
+from ._columns.ragged import Ragged
+from ._writing.writer import DatasetWriter, write_dataset
 from ._state import STATE_VERSION
 from ._stats import LoaderStats, PackingStats, SourceStats, StageStats
 from ._sources.arrow import Arrow
 from ._sources.parquet import Parquet
-from ._sources.image_spec import Image, ImageError, image_backends
+from ._images.spec import Image, ImageError, image_backends
 from ._sources.image_folder import ImageFolder
 from ._sources.pack import Pack
 from ._sources.tar import Tar

@@ -23,7 +23,7 @@ from ._sources.mix import Mix
 from ._sources.python import PythonSource
 from ._pack_schedule import make_pack_schedule
 from ._schedules import Schedule, make_schedule
-from ._sources.workers import WorkerProcesses
+from ._workers.pool import WorkerProcesses
 from ._sources.protocol import as_source, attach_storage, check_fingerprint, fingerprint, follow_run, member
 from ._stats import LoaderStats
 

@@ -9,13 +9,13 @@ import os
 from typing import Any, Mapping, Sequence
 
 from .._arguments import as_int
-from .columns import (RESERVED_NAMES, ColumnSpec, ColumnState, array_source, check_column_state, column_state,
+from .._columns.spec import (RESERVED_NAMES, ColumnSpec, ColumnState, array_source, check_column_state, column_state,
                        dtype_name, reduce_column, restore_column)
-from .shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
+from .._columns.shards import (check_column_states_of, column_states_of, common_shard_rows, describe_column, output_names,
                       reduce_value, restore_value, stored_column)
 from .protocol import declare_shards as _declare_shards  # noqa: F401 - tests declare shards through here
 from .protocol import redeclare as _redeclare
-from .windows import TokenFiles, describe_windows, restore_token_files, token_files
+from .window_layout import TokenFiles, describe_windows, restore_token_files, token_files
 
 __all__ = ["Dataset", "Windows", "as_int"]
 
@@ -271,7 +271,7 @@ class Windows:
             self._tokens.check()
             return [self._tokens]  # type: ignore[list-item]
         if self.files is not None:  # from_files: fastload's own mappings; one batched stat per check
-            from .mapping import TruncationCheck  # noqa: PLC0415
+            from .._columns.mapping import TruncationCheck  # noqa: PLC0415
 
             check = TruncationCheck(self._arrays(), "tokens")
             check.check()

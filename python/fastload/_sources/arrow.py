@@ -140,7 +140,7 @@ class Arrow:
         """{column: (dtype, shape, arrow_type)} of the columns read: the torch dtype and row shape
         of its batch entry (`str`/`bytes` for a list of values) and its Arrow type, unit and time
         zone included (`timestamp[ms, tz=UTC]`: its int64s are milliseconds)."""
-        from .column_types import column_types  # noqa: PLC0415 - torch and this module only
+        from .._columns.arrow_types import column_types  # noqa: PLC0415 - torch and this module only
 
         return column_types(self._table, self._selected, self._native)
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import _C
 from .hugging_face import HF_ARRAY_EXTENSION, hf_array_shapes
-from .image_columns import decoded_request, image_columns, refuse_undecoded_images
-from .ragged import stored_scalar
+from .._images.columns import decoded_request, image_columns, refuse_undecoded_images
+from .._columns.ragged import stored_scalar
 
 __all__ = ["plan_columns"]
 

@@ -23,12 +23,12 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 from .. import _C
-from .columns import ColumnSpec, ColumnState, array_source, describe_array
+from .._columns.spec import ColumnSpec, ColumnState, array_source, describe_array
 from .manifest import CHECKSUM, FORMAT, MANIFEST, VERSION, Bad, DatasetError, read_regular
 from .manifest import check_names, parse, want, want_dtype, want_int, want_shape
-from .mapping import FileChecks, LazyTable, array_of, describe_change, map_file, maps_lazily
-from .ragged import Ragged, offsets_problem
-from .shards import describe_shards, output_names
+from .._columns.mapping import FileChecks, LazyTable, array_of, describe_change, map_file, maps_lazily
+from .._columns.ragged import Ragged, offsets_problem
+from .._columns.shards import describe_shards, output_names
 from .protocol import redeclare as _redeclare
 
 __all__ = ["CHECKSUM", "FORMAT", "MANIFEST", "VERSION", "DatasetError", "DiskDataset", "open_dataset"]

@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import _C
-from .image_fallback import fallback_for
-from .image_spec import Image, image_backends
+from .._images.fallback import fallback_for
+from .._images.spec import Image, image_backends
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "find_classes", "list_images"]
 

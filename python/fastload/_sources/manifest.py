@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .columns import RESERVED_NAMES
+from .._columns.spec import RESERVED_NAMES
 
 MANIFEST = "manifest.json"
 FORMAT = "fastload-dataset"

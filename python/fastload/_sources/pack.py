@@ -18,7 +18,7 @@ from .._arguments import as_int
 from .._machine import helper_threads
 from .arrow import Arrow, is_arrow_data
 from .protocol import check_fingerprint, default_order, fingerprint, member, stored_files
-from .ragged import stored_scalar
+from .._columns.ragged import stored_scalar
 
 __all__ = ["Pack"]
 

@@ -15,7 +15,7 @@ import numpy as np
 from .. import _C, _lifecycle
 from .._machine import helper_threads
 from .arrow import plan_columns
-from .column_types import ColumnType, column_types
+from .._columns.arrow_types import ColumnType, column_types
 from .hive import NULL_VALUE, Partitions, discover
 from .parquet_footer import FooterCheck, import_pyarrow as _import_pyarrow, read_footers
 from .._storage.file_set import FileSet, local_pin, redacted

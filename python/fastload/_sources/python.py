@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from .. import _C
-from .columns import numpy_dl_code
-from .ragged import pad_bytes
+from .._columns.spec import numpy_dl_code
+from .._columns.ragged import pad_bytes
 
 __all__ = ["PythonSource", "SampleError", "sample_rng"]
 

@@ -4,7 +4,7 @@ read at open and fixes every object's name, size and checksum; the objects becom
 into the cache as the Loader's order needs them; the columns are the same lazily mapped shards a
 local directory past the mapping budget has, and the collation threads map each file after the
 fetcher made it present. Token files and Parquet at URLs are built on FileSet.resolve directly
-(windows.py, parquet.py)."""
+(window_layout.py, parquet.py)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -66,7 +66,7 @@ class RemoteDataset:
                  storage_options: Mapping[str, Any] | None = None, cache_dir: Any = None, cache_limit: Any = None):
         from .directory import Column, LazyShards, NameOnly, per_column, read_layout  # noqa: PLC0415
         from .manifest import MANIFEST, Bad, DatasetError, parse  # noqa: PLC0415
-        from .shards import output_names  # noqa: PLC0415
+        from .._columns.shards import output_names  # noqa: PLC0415
 
         self._output_names, self._name_only, self._lazy_type = output_names, NameOnly, LazyShards
         self.url = url
@@ -206,7 +206,7 @@ class RemoteDataset:
         return [lazy.spec(col, k, self._shard_sizes, self._pad, self._max_length) for k, col in enumerate(self._columns)]
 
     def native_source(self) -> Any:
-        from .columns import array_source  # noqa: PLC0415
+        from .._columns.spec import array_source  # noqa: PLC0415
 
         return array_source(self.column_specs())
 

@@ -14,10 +14,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import _C
-from .columns import numpy_dl_code
-from .image_fallback import fallback_for
-from .image_spec import Image
-from .mapping import LazyTable
+from .._columns.spec import numpy_dl_code
+from .._images.fallback import fallback_for
+from .._images.spec import Image
+from .._columns.mapping import LazyTable
 from .tar_index_cache import ShardIndex, default_index_root, index_shards
 from .tar_urls import resolve_shards
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from .image_fallback import fallback_for
-from .image_spec import Image
+from .fallback import fallback_for
+from .spec import Image
 
 __all__ = ["image_columns", "decoded_request", "hf_image_features", "refuse_undecoded_images"]
 

@@ -1,7 +1,7 @@
 """Worker processes for workers="processes": N spawned processes (spawn: fork from a threaded
 process can deadlock), persistent across epochs, each paired with one collation thread of the
 loader. The dataset is pickled once. Batches live in shared memory the main process owns
-(fastload._C.SharedMemory); see worker_process.py for the worker's side."""
+(fastload._C.SharedMemory); see process.py for the worker's side."""
 from __future__ import annotations
 
 import multiprocessing
@@ -73,7 +73,7 @@ class WorkerProcesses:
         return self.start()
 
     def _start_all(self) -> None:
-        from .worker_process import main
+        from .process import main
 
         ctx = multiprocessing.get_context("spawn")
         # Ctrl-C reaches the whole process group: a worker that is still starting (before it can

@@ -24,7 +24,7 @@ import shutil
 import socket
 from typing import Any
 
-from .manifest import FORMAT, MANIFEST
+from .._sources.manifest import FORMAT, MANIFEST
 
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _AT_FDCWD = -100

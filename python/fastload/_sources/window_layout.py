@@ -13,8 +13,8 @@ import numpy as np
 
 from .. import _C
 from .._arguments import INT64_MAX
-from .columns import ColumnSpec, describe_array
-from .mapping import LazyTable, array_of, describe_change, map_file, maps_lazily
+from .._columns.spec import ColumnSpec, describe_array
+from .._columns.mapping import LazyTable, array_of, describe_change, map_file, maps_lazily
 
 
 @dataclass

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .. import _C
-from .columns import ColumnSpec, ColumnState, check_column_state, column_state, describe_array, reduce_column, restore_column
+from .spec import ColumnSpec, ColumnState, check_column_state, column_state, describe_array, reduce_column, restore_column
 
 # The shard table entry of a fixed-row shard: (address, rows, pitch, offsets_address, items).
 ShardEntry = tuple

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .columns import ColumnSpec, describe_array, reduce_column, restore_column
+from .spec import ColumnSpec, describe_array, reduce_column, restore_column
 
 
 def _survives(back: Any, value: Any) -> bool:

@@ -102,7 +102,7 @@ class TruncationCheck:
     batched stat, and reported by the per-array check (which names the file and the byte)."""
 
     def __init__(self, labelled: Sequence[tuple[str, np.ndarray]], what: str):
-        from .columns import column_state, file_backing  # noqa: PLC0415 - columns imports _C only
+        from .spec import column_state, file_backing  # noqa: PLC0415 - columns imports _C only
 
         self._labelled, self._what = list(labelled), what
         self._rows = []  # (index into labelled, mapping)

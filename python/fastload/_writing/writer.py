@@ -17,9 +17,9 @@ import torch
 
 from .. import _C
 from .._arguments import as_int
-from .directory import CHECKSUM, FORMAT, MANIFEST, VERSION
-from .manifest import Bad, check_names
-from .ragged import Ragged
+from .._sources.directory import CHECKSUM, FORMAT, MANIFEST, VERSION
+from .._sources.manifest import Bad, check_names
+from .._columns.ragged import Ragged
 from .replace import check_replaceable, clean_leftovers, publish, temporary_name
 
 _SHARD_BYTES = 64 << 20  # default shard size when rows_per_shard is not given
