@@ -127,3 +127,14 @@ def batches_in_child(source: Any, loader_kwargs: dict) -> list[dict]:
     for b in fl.Loader(source, **loader_kwargs):
         out.append({k: (v if isinstance(v, list) else v.numpy()) for k, v in b.items()})
     return out
+
+
+def epoch(source, **kw) -> dict:
+    """One epoch in sample order (shuffle off: the source's default order is by row), as numpy arrays (lists stay lists), concatenated."""
+    import fastload as fl
+
+    out: dict = {}
+    for b in fl.Loader(source, batch_size=7, device="cpu", num_threads=2, **kw):
+        for k, v in b.items():
+            out.setdefault(k, []).append(v if isinstance(v, list) else v.numpy())
+    return {k: sum(v, []) if isinstance(v[0], list) else np.concatenate(v) for k, v in out.items()}

@@ -13,16 +13,8 @@ import pytest
 import fastload as fl
 
 pa = pytest.importorskip("pyarrow")
-from arrow_reference import check_batch  # noqa: E402
+from arrow_reference import check_batch, epoch  # noqa: E402
 
-
-def epoch(source, **kw) -> dict:
-    """One epoch in sample order, as numpy arrays (lists stay lists), concatenated."""
-    out: dict = {}
-    for b in fl.Loader(source, batch_size=7, device="cpu", num_threads=2, **kw):
-        for k, v in b.items():
-            out.setdefault(k, []).append(v if isinstance(v, list) else v.numpy())
-    return {k: sum(v, []) if isinstance(v[0], list) else np.concatenate(v) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------ name clashes
