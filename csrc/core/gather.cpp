@@ -381,6 +381,81 @@ void check_lazy_offsets(const ArrayColumn& col, size_t shard, const int64_t* o, 
 }  // namespace
 
 namespace {
+constexpr int64_t kRaggedBlock = 64;
+
+// Calls visit_block(b, n, values, items) for the rows ids[b..b+n) of each block: values[i] the
+// address of row b+i's first item, items[i] its item count (offsets checked). Three passes per
+// block so that the misses of each overlap: find the rows and prefetch their offsets, read (and
+// check) the offsets, then the visitor (which prefetches the items it will read, then reads them).
+// A lazily mapped column pins each block's files (values and offsets) while the block is visited;
+// a block whose files exceed the pin bound is visited in several runs.
+template <typename IdOf, typename VisitBlock>
+void visit_ragged_blocks(const ArrayColumn& col, IdOf id_of, int64_t count, VisitBlock visit_block) {
+  const int64_t item = col.item_bytes;
+  size_t shard[kRaggedBlock];
+  int64_t row[kRaggedBlock], items[kRaggedBlock];
+  const std::byte* values[kRaggedBlock];
+  auto read_offsets = [&](int64_t i, const int64_t* offsets, const std::byte* base) {
+    const Shard& sh = col.shards[shard[i]];
+    const int64_t first = offsets[row[i]], end = offsets[row[i] + 1];
+    if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
+    items[i] = end - first;
+    values[i] = base + first * item;
+  };
+  if (!col.lazy) {
+    for (int64_t b = 0; b < count; b += kRaggedBlock) {
+      const int64_t n = std::min(kRaggedBlock, count - b);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = id_of(b + i);
+        const size_t s = find_shard(col, id);
+        shard[i] = s;
+        row[i] = id - col.starts[s];
+        __builtin_prefetch(col.shards[s].offsets + row[i], 0, 0);
+      }
+      for (int64_t i = 0; i < n; ++i) read_offsets(i, col.shards[shard[i]].offsets, col.shards[shard[i]].base);
+      visit_block(b, n, values, items);
+    }
+    return;
+  }
+  LazyFiles& files = *col.lazy;
+  PinnedFiles pins(files);
+  DistinctFiles table;
+  const int64_t* offsets[kRaggedBlock];
+  // Per row: its values file, then its offsets file.
+  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock], reads[2 * kRaggedBlock];
+  const std::byte* data[2 * kRaggedBlock];
+  const std::byte* at[2 * kRaggedBlock];
+  for (int64_t b = 0; b < count; b += kRaggedBlock) {
+    const int64_t n = std::min(kRaggedBlock, count - b);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = id_of(b + i);
+      const size_t s = find_shard(col, id);
+      shard[i] = s;
+      row[i] = id - col.starts[s];
+      want[2 * i] = col.lazy_file[s];
+      want[2 * i + 1] = col.lazy_offsets_file[s];
+    }
+    for (int64_t r = 0; r < n;) {  // one run of rows when the block's files fit the pin bound
+      const int64_t taken = pin_rows(pins, files, table, want + 2 * r, n - r, 2, distinct, reads, data, at);
+      for (int64_t i = r; i < r + taken; ++i) {
+        offsets[i] = reinterpret_cast<const int64_t*>(at[2 * (i - r) + 1]);
+        const int32_t f = want[2 * i + 1];
+        if (!files.checked(f)) {
+          check_lazy_offsets(col, shard[i], offsets[i], files.file(f));
+          files.set_checked(f);
+        }
+        __builtin_prefetch(offsets[i] + row[i], 0, 0);
+      }
+      for (int64_t i = r; i < r + taken; ++i) read_offsets(i, offsets[i], at[2 * (i - r)]);
+      visit_block(b + r, taken, values + r, items + r);
+      pins.release();
+      r += taken;
+    }
+  }
+}
+}  // namespace
+
+namespace {
 void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst, bool streaming) {
   PinnedFiles pins(*col.lazy);
   DistinctFiles table;
@@ -400,55 +475,6 @@ void gather_rows_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count,
       const int64_t taken = pin_rows(pins, *col.lazy, table, want + r, n - r, 1, distinct, reads, data, rows + r);
       for (int64_t i = r; i < r + taken; ++i) rows[i] += within[i];
       gather_with(Resolved{rows + r}, col.row_bytes, taken, dst + (b + r) * col.row_bytes, streaming);
-      pins.release();
-      r += taken;
-    }
-  }
-}
-
-void gather_ragged_lazy(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst, int64_t* lengths) {
-  constexpr int64_t kRaggedBlock = 64;
-  const int64_t item = col.item_bytes, slot = col.row_bytes, cap = col.max_items();
-  LazyFiles& files = *col.lazy;
-  PinnedFiles pins(files);
-  DistinctFiles table;
-  size_t shard[kRaggedBlock];
-  int64_t row[kRaggedBlock], items[kRaggedBlock];
-  const std::byte* src[kRaggedBlock];
-  const int64_t* offsets[kRaggedBlock];
-  // Per row: its values file, then its offsets file.
-  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock], reads[2 * kRaggedBlock];
-  const std::byte* data[2 * kRaggedBlock];
-  const std::byte* at[2 * kRaggedBlock];
-  for (int64_t b = 0; b < count; b += kRaggedBlock) {
-    const int64_t n = std::min(kRaggedBlock, count - b);
-    for (int64_t i = 0; i < n; ++i) {
-      const size_t s = find_shard(col, ids[b + i]);
-      shard[i] = s;
-      row[i] = ids[b + i] - col.starts[s];
-      want[2 * i] = col.lazy_file[s];
-      want[2 * i + 1] = col.lazy_offsets_file[s];
-    }
-    for (int64_t r = 0; r < n;) {  // one run of rows when the block's files fit the pin bound
-      const int64_t taken = pin_rows(pins, files, table, want + 2 * r, n - r, 2, distinct, reads, data, at);
-      for (int64_t i = r; i < r + taken; ++i) {
-        offsets[i] = reinterpret_cast<const int64_t*>(at[2 * (i - r) + 1]);
-        const int32_t f = want[2 * i + 1];
-        if (!files.checked(f)) {
-          check_lazy_offsets(col, shard[i], offsets[i], files.file(f));
-          files.set_checked(f);
-        }
-        __builtin_prefetch(offsets[i] + row[i], 0, 0);
-      }
-      for (int64_t i = r; i < r + taken; ++i) {
-        const Shard& sh = col.shards[shard[i]];
-        const int64_t first = offsets[i][row[i]], end = offsets[i][row[i] + 1];
-        if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
-        items[i] = std::min(end - first, cap);
-        src[i] = at[2 * (i - r)] + first * item;
-        prefetch_row(src[i], items[i] * item);
-      }
-      copy_padded_rows(col, src + r, items + r, taken, dst + (b + r) * slot, lengths + b + r);
       pins.release();
       r += taken;
     }
@@ -603,121 +629,37 @@ void gather_addresses(const std::byte* const* rows, int64_t row_bytes, int64_t c
 
 void gather_ragged(const ArrayColumn& col, const int64_t* ids, int64_t count, std::byte* dst,
                    int64_t* lengths) {
-  // Three passes per block so that the misses of each overlap: find the rows and prefetch their
-  // offsets, read the offsets and prefetch the items, copy and pad.
-  constexpr int64_t kRaggedBlock = 64;
   const int64_t item = col.item_bytes, slot = col.row_bytes, cap = col.max_items();
-  size_t shard[kRaggedBlock];
-  int64_t row[kRaggedBlock], items[kRaggedBlock];
-  const std::byte* src[kRaggedBlock];
-  if (col.lazy) return gather_ragged_lazy(col, ids, count, dst, lengths);
-  for (int64_t b = 0; b < count; b += kRaggedBlock) {
-    const int64_t n = std::min(kRaggedBlock, count - b);
-    for (int64_t i = 0; i < n; ++i) {
-      const size_t s = find_shard(col, ids[b + i]);
-      shard[i] = s;
-      row[i] = ids[b + i] - col.starts[s];
-      __builtin_prefetch(col.shards[s].offsets + row[i], 0, 0);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const Shard& sh = col.shards[shard[i]];
-      const int64_t first = sh.offsets[row[i]], end = sh.offsets[row[i] + 1];
-      if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
-      items[i] = std::min(end - first, cap);
-      src[i] = sh.base + first * item;
-      prefetch_row(src[i], items[i] * item);
-    }
-    copy_padded_rows(col, src, items, n, dst + b * slot, lengths + b);
-  }
+  visit_ragged_blocks(col, [ids](int64_t i) { return ids[i]; }, count,
+                      [&](int64_t b, int64_t n, const std::byte* const* values, const int64_t* items) {
+                        int64_t kept[kRaggedBlock];  // rows longer than the slot are cut to it
+                        for (int64_t i = 0; i < n; ++i) {
+                          kept[i] = std::min(items[i], cap);
+                          prefetch_row(values[i], kept[i] * item);
+                        }
+                        copy_padded_rows(col, values, kept, n, dst + b * slot, lengths + b);
+                      });
 }
-
-}  // namespace fastload
-
-namespace fastload {
-
-namespace {
-// Calls visit(i, values of row id_of(i), its items) for i < count, a block at a time: the rows
-// found and their offsets prefetched, then read (and checked), then visited. A lazily mapped
-// column pins each block's files (values and offsets) while it visits the block's rows.
-template <typename IdOf, typename Visit>
-void visit_ragged_rows(const ArrayColumn& col, IdOf id_of, int64_t count, Visit visit) {
-  constexpr int64_t kRaggedBlock = 64;
-  const int64_t item = col.item_bytes;
-  size_t shard[kRaggedBlock];
-  int64_t row[kRaggedBlock];
-  if (!col.lazy) {
-    for (int64_t b = 0; b < count; b += kRaggedBlock) {
-      const int64_t n = std::min(kRaggedBlock, count - b);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t id = id_of(b + i);
-        const size_t s = find_shard(col, id);
-        shard[i] = s;
-        row[i] = id - col.starts[s];
-        __builtin_prefetch(col.shards[s].offsets + row[i], 0, 0);
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        const Shard& sh = col.shards[shard[i]];
-        const int64_t first = sh.offsets[row[i]], end = sh.offsets[row[i] + 1];
-        if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
-        visit(b + i, sh.base + first * item, end - first);
-      }
-    }
-    return;
-  }
-  LazyFiles& files = *col.lazy;
-  PinnedFiles pins(files);
-  DistinctFiles table;
-  const int64_t* offsets[kRaggedBlock];
-  int32_t want[2 * kRaggedBlock], distinct[2 * kRaggedBlock], reads[2 * kRaggedBlock];
-  const std::byte* data[2 * kRaggedBlock];
-  const std::byte* at[2 * kRaggedBlock];
-  for (int64_t b = 0; b < count; b += kRaggedBlock) {
-    const int64_t n = std::min(kRaggedBlock, count - b);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t id = id_of(b + i);
-      const size_t s = find_shard(col, id);
-      shard[i] = s;
-      row[i] = id - col.starts[s];
-      want[2 * i] = col.lazy_file[s];
-      want[2 * i + 1] = col.lazy_offsets_file[s];
-    }
-    for (int64_t r = 0; r < n;) {
-      const int64_t taken = pin_rows(pins, files, table, want + 2 * r, n - r, 2, distinct, reads, data, at);
-      for (int64_t i = r; i < r + taken; ++i) {
-        offsets[i] = reinterpret_cast<const int64_t*>(at[2 * (i - r) + 1]);
-        const int32_t f = want[2 * i + 1];
-        if (!files.checked(f)) {
-          check_lazy_offsets(col, shard[i], offsets[i], files.file(f));
-          files.set_checked(f);
-        }
-      }
-      for (int64_t i = r; i < r + taken; ++i) {
-        const Shard& sh = col.shards[shard[i]];
-        const int64_t first = offsets[i][row[i]], end = offsets[i][row[i] + 1];
-        if (first < 0 || end < first || end > sh.items) bad_offsets(col, shard[i], row[i], first, end, sh.items);
-        visit(b + i, at[2 * (i - r)] + first * item, end - first);
-      }
-      pins.release();
-      r += taken;
-    }
-  }
-}
-}  // namespace
 
 void ragged_row_lengths(const ArrayColumn& col, const int64_t* ids, int64_t count, int64_t* lengths) {
-  visit_ragged_rows(col, [ids](int64_t i) { return ids[i]; }, count,
-                    [lengths](int64_t i, const std::byte*, int64_t items) { lengths[i] = items; });
+  visit_ragged_blocks(col, [ids](int64_t i) { return ids[i]; }, count,
+                      [lengths](int64_t b, int64_t n, const std::byte* const*, const int64_t* items) {
+                        std::copy(items, items + n, lengths + b);
+                      });
 }
 
 void gather_ragged_pieces(const ArrayColumn& col, const RaggedPiece* pieces, int64_t count,
                           void (*mismatch)(const ArrayColumn& col, int64_t id, int64_t items, int64_t expect)) {
   const int64_t item = col.item_bytes;
-  visit_ragged_rows(col, [pieces](int64_t i) { return pieces[i].id; }, count,
-                    [&](int64_t i, const std::byte* values, int64_t items) {
-                      const RaggedPiece& p = pieces[i];
-                      if (items != p.expect) mismatch(col, p.id, items, p.expect);
-                      if (p.count > 0) std::memcpy(p.dst, values + p.first * item, static_cast<size_t>(p.count * item));
-                    });
+  visit_ragged_blocks(col, [pieces](int64_t i) { return pieces[i].id; }, count,
+                      [&](int64_t b, int64_t n, const std::byte* const* values, const int64_t* items) {
+                        for (int64_t i = 0; i < n; ++i) {
+                          const RaggedPiece& p = pieces[b + i];
+                          if (items[i] != p.expect) mismatch(col, p.id, items[i], p.expect);
+                          if (p.count > 0)
+                            std::memcpy(p.dst, values[i] + p.first * item, static_cast<size_t>(p.count * item));
+                        }
+                      });
 }
 
 }  // namespace fastload
