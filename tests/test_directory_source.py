@@ -44,6 +44,10 @@ def test_a_path_and_a_url_open_as_one_source_with_the_same_batches(both):
     with pytest.raises(ValueError, match="storage_stats.* local"):
         here.storage_stats()
     assert there.storage_stats().bytes_fetched > 0
+    # fl.Pack packs the local one and names object storage for the URL one (no longer "got RemoteDataset")
+    assert len(fl.Pack(here, length=16, columns=["t"])) > 0
+    with pytest.raises(ValueError, match="object storage"):
+        fl.Pack(there, length=16, columns=["t"])
 
 
 def test_shard_and_verify_read_fetched_files_after_a_loader_maps_them(both):
