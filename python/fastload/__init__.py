@@ -2,7 +2,8 @@
 from . import _C, _advice, _gpu_memory
 from ._loader import Loader, LoaderIterator
 from ._sources.arrays import Dataset, Windows
-from ._sources.directory import DatasetError, DiskDataset
+from ._sources.directory import DatasetError
+from ._sources.directory_source import DiskDataset
 from ._sources.mix import Mix
 from ._sources.protocol import Source
 from ._sources.python import PythonSource, SampleError, sample_rng

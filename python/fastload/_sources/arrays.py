@@ -85,20 +85,10 @@ class Dataset:
                 client settings (endpoint_url, ...), where the local cache of its shards lives, and
                 its bound in bytes or as "50GB" (see docs/object-storage.md).
         """
-        from .directory import open_dataset  # noqa: PLC0415 - directory builds on the column modules this one uses
-        from .._storage import is_url  # noqa: PLC0415
+        from .directory_source import open_dataset  # noqa: PLC0415 - builds on the column modules this one uses
 
-        if is_url(path):  # a URL becomes local cached paths here; the rest is a dataset directory's
-            from .remote import RemoteDataset  # noqa: PLC0415 - loads boto3
-
-            if not isinstance(verify, bool):
-                raise TypeError(f"verify must be a bool, got {verify!r}")
-            return RemoteDataset(path, verify=verify, pad=pad, max_length=max_length,  # type: ignore[return-value]
-                                 storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
-        if storage_options is not None or cache_dir is not None or cache_limit is not None:
-            raise ValueError("storage_options, cache_dir and cache_limit are for URLs (s3://, https://); "
-                             f"{os.fspath(path)!r} is a local path")
-        return open_dataset(path, verify=verify, pad=pad, max_length=max_length)
+        return open_dataset(path, verify=verify, pad=pad, max_length=max_length,  # type: ignore[return-value]
+                            storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
 
     @property
     def shard_rows(self) -> list[int] | None:

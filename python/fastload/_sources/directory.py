@@ -1,37 +1,33 @@
-"""Dataset directories on disk: the manifest format, and opening one as a Dataset whose columns
-are lists of memory-mapped .npy shards.
+"""Dataset directories: the manifest's layout (columns, shards, their .npy files, every field
+checked), a directory's shards as lazily mapped files (LazyShards), and the opening of a local
+directory (LocalDirectory). The source itself, one class for local paths and URLs, is
+directory_source.py; a directory in object storage is opened by remote.py.
 
 A directory holds manifest.json and, per column, one .npy file per shard (a ragged column: a
 values and an offsets file per shard). Opening reads only the manifest and stats the files (no
-data pages); the shards are mapped when a Loader first needs them. The opened Dataset keeps the
-mapped arrays (never their addresses: descriptions are made from them each time), checks every
-file's size at each iter(), and pickles or deep-copies as its path (opened again on arrival).
-A directory of more files than the mapping budget (_mapping.maps_lazily) keeps no mapped arrays:
-the collation threads map its shards when batches touch them, a bounded number at a time.
+data pages), all through one open descriptor of the directory.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import io
 import math
 import os
 import stat
-import threading
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 from .. import _C
-from .._columns.spec import ColumnSpec, ColumnState, array_source, describe_array
+from .._columns.spec import ColumnSpec, describe_array
 from .manifest import CHECKSUM, FORMAT, MANIFEST, VERSION, Bad, DatasetError, read_regular
 from .manifest import check_names, parse, want, want_dtype, want_int, want_shape
-from .._columns.mapping import FileChecks, LazyTable, array_of, describe_change, map_file, maps_lazily
+from .._storage.file_set import FileSet
+from .._columns.mapping import LazyTable, array_of, describe_change, map_file
 from .._columns.ragged import Ragged, offsets_problem
-from .._columns.shards import describe_shards, output_names
-from .protocol import redeclare as _redeclare
 
-__all__ = ["CHECKSUM", "FORMAT", "MANIFEST", "VERSION", "DatasetError", "DiskDataset", "open_dataset"]
+__all__ = ["CHECKSUM", "FORMAT", "MANIFEST", "VERSION", "DatasetError", "DirectoryLayout", "LocalDirectory",
+           "LazyShards", "files_of", "read_manifest", "read_layout"]
 _VERIFY_CHUNK = 16 << 20
 _MAX_MANIFEST_BYTES = 1 << 30  # ~100 bytes a shard file; far above any real manifest
 
@@ -168,7 +164,7 @@ def _is_regular(mode: int) -> bool:
     return stat.S_ISREG(mode)
 
 
-def _check_offsets(col: "Column", k: int, offsets_file: Any, o: np.ndarray, items: int, when: str) -> None:
+def check_offsets(col: "Column", k: int, offsets_file: Any, o: np.ndarray, items: int, when: str) -> None:
     """A ragged shard's offsets run non-decreasing from 0 to its values' rows, and no row is longer
     than the manifest's `longest`; DatasetError naming the column, the shard, the row and the file."""
     where = f"ragged column {col.name!r}, shard {k} ({offsets_file.path})"
@@ -189,7 +185,7 @@ class Column:
         self.files: list[Any] = []  # per shard: _File, or (values _File, offsets _File)
 
 
-def _cut_is_asked(col: Column, cap: Any) -> bool:
+def cut_is_asked(col: Column, cap: Any) -> bool:
     """Whether `cap`, a column's max_length, is at or below its manifest's `longest`: then every
     row it cuts is cut because the user asked (a max_length the Ragged refuses is not)."""
     return cap is not None and not isinstance(cap, bool) and isinstance(cap, int) and 0 <= cap <= col.longest
@@ -340,208 +336,14 @@ def read_layout(root: str, manifest: dict[str, Any], stat_file: Any) -> tuple[li
     return columns, rows, total
 
 
-class DiskDataset:
-    """A dataset directory opened by Dataset.open: a source (fastload.Source) whose columns are the
-    directory's shards, memory-mapped when a Loader first needs them. It is a peer of Dataset, not
-    a kind of it: it makes the same native array source from its mapped shards."""
-
-    def __init__(self, path: str | os.PathLike, verify: bool = False, pad: Any = 0, max_length: Any = None):
-        # Resolved once: a chdir after open() or a process with another working directory
-        # (pickling) must read this same directory.
-        root = os.path.abspath(os.fspath(path))
-        manifest, columns, rows, total, self._directory, self._digest = _load(root)
-        self.path = root
-        self.manifest = manifest
-        self._disk_columns = columns
-        self._shard_sizes = rows
-        self._rows = total
-        ragged = [c.name for c in columns if c.kind == "ragged"]
-        self._pad = {n: per_column("pad", pad, n, ragged) for n in ragged}
-        self._max_length = {n: per_column("max_length", max_length, n, ragged) for n in ragged}
-        self._shard_rows = rows if len(rows) > 1 else None
-        self._real_shards = self._shard_rows is not None
-        # Per column, per shard: the mapped array, or (values, offsets); made at the first need. Or,
-        # past the mapping budget, a _LazyShards: the files, mapped by the collation threads.
-        self._maps: list[list[Any]] | _LazyShards | None = None
-        self._map_lock = threading.Lock()
-        if verify:
-            self.verify()
-
-    def verify(self) -> None:
-        """Reads every file: checks headers and checksums, and a ragged column's offsets; raises
-        DatasetError naming the first corrupt file."""
-        for col in self._disk_columns:
-            for k, f in enumerate(col.files):
-                if col.kind == "fixed":
-                    f.verify()
-                    continue
-                values, offsets = f
-                values.verify()
-                offsets.verify()
-                _check_offsets(col, k, offsets, offsets.map(), values.shape[0], "")
-
-    def _check_directory(self) -> None:
-        """`path` still names the directory opened: an overwrite swaps in another one, whose files
-        must not be mixed with (or mistaken for) the opened one's."""
-        now = _identity(self.path)
-        if now != self._directory:
-            raise DatasetError(f"{self.path}: the dataset directory was {'removed' if now is None else 'replaced'} "
-                               "(overwritten?) since it was opened; open it again and build a new Loader")
-
-    def _mapped(self) -> list[list[Any]] | "_LazyShards":
-        with self._map_lock:
-            if self._maps is None:
-                self._check_directory()
-                files = self._all_files()
-                if maps_lazily(len(files)):
-                    lazy = _LazyShards(self._disk_columns, files)
-                    self._checks = lazy.table.checks
-                    self._maps = lazy
-                    return lazy
-                try:
-                    maps = [[f.map() if col.kind == "fixed" else (f[0].map(), f[1].map()) for f in col.files]
-                            for col in self._disk_columns]
-                except DatasetError:
-                    self._check_directory()  # an overwrite meanwhile: say that, not which file it hit first
-                    raise
-                for col, arrays in zip(self._disk_columns, maps):
-                    if col.kind == "ragged":
-                        self._check_longest(col, arrays)
-                self._checks = FileChecks([f.path for f in self._all_files()], [f.identity for f in self._all_files()])
-                self._maps = maps
-            return self._maps
-
-    def _check_longest(self, col: Column, arrays: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """The slot of a ragged column is the manifest's `longest` unless max_length cuts below it:
-        then a longer row would be cut without a word. The offsets (8 bytes a row) are read once,
-        when the shards are first mapped, to rule that out; a max_length at or below `longest`
-        makes every cut the user's and skips the read."""
-        cap = self._max_length[col.name]
-        if _cut_is_asked(col, cap):
-            return
-        for k, ((values, offsets_file), (_, o)) in enumerate(zip(col.files, arrays)):
-            _check_offsets(col, k, offsets_file, o, values.shape[0], " (found when the shards were mapped)")
-
-    def _all_files(self) -> list[_File]:
-        return [one for col in self._disk_columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
-
-    def column_specs(self) -> list[ColumnSpec]:
-        """The core's description of every column, made now from the mapped shards."""
-        maps = self._mapped()
-        if isinstance(maps, _LazyShards):
-            return [maps.spec(col, k, self._shard_sizes, self._pad, self._max_length)
-                    for k, col in enumerate(self._disk_columns)]
-        specs = []
-        for col, arrays in zip(self._disk_columns, maps):
-            if col.kind == "fixed":
-                specs.append(describe_shards(col.name, arrays))
-            else:
-                ragged = Ragged._trusted([v for v, _ in arrays], [o for _, o in arrays], col.longest,
-                                         self._pad[col.name], self._max_length[col.name])
-                # The gather names a corrupt row's shard and file (the offsets are read per row).
-                specs.append(ragged._describe(col.name)._replace(shard_labels=tuple(o.path for _, o in col.files)))
-        return specs
-
-    def native_source(self) -> Any:
-        """The native source the collation threads gather from (see fastload.Source)."""
-        return array_source(self.column_specs())
-
-    @property
-    def shard_rows(self) -> list[int] | None:
-        """Samples per shard, in order; None for a directory of one shard."""
-        rows = getattr(self, "_shard_rows", None)
-        return None if rows is None else list(rows)
-
-    def _declared(self) -> list[int] | None:
-        return None if self._real_shards else self.shard_rows
-
-    def fingerprint(self) -> list[ColumnState]:
-        """The shards as mapped: checked at every iter() that no file was truncated, replaced or
-        rewritten since open() (reading a truncated one would kill the process with SIGBUS)."""
-        self._mapped()
-        self.check_fingerprint([])
-        return []
-
-    def check_fingerprint(self, states: list[ColumnState]) -> None:
-        """Every shard file still has the identity (device, inode, mtime, size) recorded when the
-        dataset was opened: one stat per file in C++ (19,000 files: about 16 ms), no Python per file."""
-        self._mapped()
-        self._check_directory()
-        changed = self._checks.changed()
-        if changed:
-            self._check_directory()  # an overwrite meanwhile: say that, not which file it hit first
-            i, now = changed[0]
-            f = self._all_files()[i]
-            more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
-            what = describe_change(f.identity, now)
-            if now[0] != -1 and now[3] < f.identity[3]:
-                what = (f"is {int(now[3])} bytes on disk, the manifest expects {f.identity[3]}: truncated since "
-                        "the dataset was opened (reading it would kill the process with SIGBUS)")
-            raise DatasetError(f"{f.path}: the shard {what}{more}; open the dataset again and build a new Loader")
-
-    def __reduce__(self) -> tuple:
-        return _reopen, (self.path, self._pad, self._max_length, self._rows, list(self._shard_sizes),
-                         self._declared(), self._digest)
-
-    def __deepcopy__(self, memo: dict) -> "DiskDataset":
-        return _reopen(self.path, copy.deepcopy(self._pad, memo), copy.deepcopy(self._max_length, memo), self._rows,
-                       list(self._shard_sizes), self._declared(), self._digest)
-
-    def __copy__(self) -> "DiskDataset":
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        return new
-
-    def shard(self, k: int) -> dict[str, Any]:
-        """Shard k's columns as arrays (a ragged column as (values, offsets)), memory-mapped."""
-        if not -len(self._shard_sizes) <= k < len(self._shard_sizes):
-            raise IndexError(f"shard {k} out of range for {len(self._shard_sizes)} shards")
-        out: dict[str, Any] = {}
-        for col in self._disk_columns:
-            f = col.files[k]
-            out[col.name] = f.map(True) if col.kind == "fixed" else (f[0].map(True), f[1].map(True))
-        return out
-
-    @property
-    def num_shards(self) -> int:
-        return len(self._shard_sizes)
-
-    def __len__(self) -> int:
-        return self._rows
-
-    @property
-    def names(self) -> list[str]:
-        return output_names([NameOnly(c.name, c.kind == "ragged") for c in self._disk_columns])
-
-    def __repr__(self) -> str:
-        cols = ", ".join(f"{c.name}: {c.dtype.name}{list(c.row_shape)}{' ragged' if c.kind == 'ragged' else ''}"
-                         for c in self._disk_columns)
-        return f"Dataset.open({self.path!r}: {len(self)} samples in {len(self._shard_sizes)} shards; {cols})"
-
-
-def _reopen(path: str, pad: Any, max_length: Any, rows: int, shard_sizes: list[int],
-            declared: list[int] | None = None, digest: str | None = None) -> DiskDataset:
-    """An unpickled or deep-copied dataset directory: opened again by path, and refused if the
-    directory is no longer the dataset pickled. Its manifest tells (the checksum of every file, and
-    the id each write records): a rewrite with the same shapes would otherwise be read as the old
-    dataset, and a copy of the directory elsewhere (another machine) is still recognised."""
-    ds = DiskDataset(path, pad=pad, max_length=max_length)
-    if digest is not None and ds._digest != digest:
-        raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied (it "
-                           "was rewritten: its manifest.json differs); open it again")
-    if len(ds) != rows or ds._shard_sizes != shard_sizes:
-        raise DatasetError(f"{path}: the dataset directory changed since this Dataset was pickled or copied "
-                           f"({rows} rows in {len(shard_sizes)} shards then, {len(ds)} in {ds.num_shards} now)")
-    return _redeclare(ds, declared)
-
-
 class _LazyShards:
     """A directory's shards past the mapping budget: every file in one LazyTable (in the order of
-    DiskDataset._all_files), and per column the file of each shard (a ragged one: values, offsets)."""
+    files_of), and per column the file of each shard (a ragged one: values, offsets)."""
 
     def __init__(self, columns: list[Column], files: list[_File]):
+        # A fetched file has no identity until it is downloaded: its provider gives it when mapped.
         self.table = LazyTable([f.path for f in files], [f.offset for f in files], [f.nbytes for f in files],
-                               [f.identity for f in files])
+                               [f.identity or (0, 0, 0, 0) for f in files])
         self.ids: list[Any] = []
         k = 0
         for col in columns:
@@ -559,7 +361,7 @@ class _LazyShards:
             return base._replace(owner=self.table, address=0, rows=sum(shard_rows), pitch=0, shards=table,
                                  lazy=self.table.spec(ids[:, 0]))
         cap = max_length[col.name]
-        cut_asked = _cut_is_asked(col, cap)  # as in _check_longest: no row is cut without a word
+        cut_asked = cut_is_asked(col, cap)  # as in _check_longest: no row is cut without a word
         template = Ragged._trusted([empty], [np.zeros(1, dtype=np.int64)], col.longest, pad[col.name], cap)
         items = [values.shape[0] for values, _ in col.files]
         lazy = self.table.spec(ids[:, 0], ids[:, 1], -1 if cut_asked else col.longest)
@@ -575,8 +377,56 @@ class NameOnly:
         self.name, self.ragged = name, (1,) if ragged else ()
 
 
-def open_dataset(path: str | os.PathLike, verify: bool = False, pad: Any = 0, max_length: Any = None) -> DiskDataset:
-    if not isinstance(verify, bool):
-        raise TypeError(f"verify must be a bool, got {verify!r}")
-    return DiskDataset(path, verify=verify, pad=pad, max_length=max_length)
 
+
+def files_of(columns: list[Column]) -> list[Any]:
+    """Every file of the columns, column by column, shard by shard (a ragged shard: values, then
+    offsets): the order of a directory's FileSet and of its LazyShards."""
+    return [one for col in columns for f in col.files for one in (f if isinstance(f, tuple) else (f,))]
+
+
+class DirectoryLayout(NamedTuple):
+    """A dataset directory as opened, local or in object storage: what its source is built on."""
+    manifest: dict[str, Any]
+    columns: list[Column]
+    rows: list[int]  # per shard
+    total: int
+    digest: str  # of the manifest's bytes: what a pickle or copy checks it reopens
+    files: FileSet  # every file, in the order of files_of(columns)
+
+
+class LocalDirectory:
+    """A dataset directory on disk, as its source opens it: the manifest read and every file
+    stat'ed through one open descriptor of the directory (an overwrite meanwhile gives the old
+    dataset or the new one, never a mix), the files a FileSet of local paths. Resolved to an
+    absolute path once: a chdir after open() or a process with another working directory
+    (pickling) reads this same directory."""
+
+    versions = None  # a local dataset is recognised by its manifest's digest alone (a copy elsewhere too)
+
+    def __init__(self, path: str | os.PathLike):
+        self.name = os.path.abspath(os.fspath(path))
+        self._directory: tuple[int, int] | None = None
+
+    def load(self) -> DirectoryLayout:
+        manifest, columns, rows, total, self._directory, digest = _load(self.name)
+        files = files_of(columns)
+        paths = [f.path for f in files]
+        pins = [(f.path, f.identity[3], f.identity[2], f.identity[1]) for f in files]  # FileSet's local pin
+        return DirectoryLayout(manifest, columns, rows, total, digest,
+                               FileSet(paths, [f.offset + f.nbytes for f in files], pins, [[] for _ in files], paths))
+
+    def check_same(self) -> None:
+        """`path` still names the directory opened: an overwrite swaps in another one, whose files
+        must not be mixed with (or mistaken for) the opened one's."""
+        now = _identity(self.name)
+        if now != self._directory:
+            raise DatasetError(f"{self.name}: the dataset directory was {'removed' if now is None else 'replaced'} "
+                               "(overwritten?) since it was opened; open it again and build a new Loader")
+
+    def corrupt(self, k: int, error: DatasetError) -> DatasetError:
+        """The error of a file that verify() found corrupt: as it is (it names the file)."""
+        return error
+
+    def reopen_options(self, for_pickle: bool) -> dict[str, Any]:
+        return {}

@@ -48,7 +48,7 @@ def _list_kinds(source: Any) -> dict[str, str]:
 
 
 def _check_inner(source: Any) -> Any:
-    from .directory import DiskDataset  # noqa: PLC0415
+    from .directory_source import DiskDataset  # noqa: PLC0415
     from .arrays import Dataset  # noqa: PLC0415
     from .mix import Mix  # noqa: PLC0415
     from .parquet import Parquet  # noqa: PLC0415

@@ -171,6 +171,14 @@ class _Pins:
             return not self._pins[i]
 
 
+class _NoPins:
+    def pin(self, i: int, by: int) -> None:
+        pass
+
+
+_NO_PINS = _NoPins()
+
+
 class FileSet:
     """Files resolved once (see the module's docstring). Built by FileSet.resolve."""
 
@@ -293,7 +301,11 @@ class FileSet:
         if not self.fetched:
             return open_fn(self.paths[k])
         fetcher = self.fetcher
-        pins = self._opened_pins
+        # Pinned against eviction while open_fn runs; where a native LazyFiles is the fetcher's
+        # reader (provide_to: a source whose collation threads map the files), nothing is pinned
+        # here: a copy evicted between the two steps is fetched again (the loop), and a mapping
+        # made stays valid after an eviction (an unlink).
+        pins = self._opened_pins or _NO_PINS
         for _ in range(_OPEN_ATTEMPTS):  # a copy another process evicted between the two steps: again
             pins.pin(k, 1)
             try:
