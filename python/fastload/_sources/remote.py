@@ -13,8 +13,9 @@ import threading
 from typing import Any, Mapping, Sequence
 
 from .._storage.cache import cache_key
-from .._storage.client import Client, redacted_options
-from .._storage.clients import make_client
+from .._storage.choose_client import make_client
+from .._storage.client_protocol import Client
+from .._storage.options import redacted_options
 from .._storage.file_set import FileSet, cache_folder, cache_limit_of, check_cache_holds
 from .._storage.stats import StorageStats
 from .._storage.urls import Url, parse_url
