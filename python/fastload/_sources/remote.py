@@ -24,7 +24,7 @@ _MAX_MANIFEST_BYTES = 1 << 30
 
 
 class _ShardCheck:
-    """A downloaded shard's check (a client.BodyCheck), as its body streams in: its .npy header
+    """A downloaded shard's check (a client_protocol.BodyCheck), as its body streams in: its .npy header
     is the manifest's, and its fl64 checksum too where the manifest has one (hashed while the
     bytes arrive)."""
 

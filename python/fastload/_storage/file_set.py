@@ -276,7 +276,7 @@ class FileSet:
             return list(pool.map(lambda r: self.read_range(*r), ranges))
 
     def verify_with(self, checks: Sequence[Any]) -> None:
-        """A client.BodyCheck per file (or None), run on every download of it (before any fetch)."""
+        """A client_protocol.BodyCheck per file (or None), run on every download of it (before any fetch)."""
         self._checks = list(checks)
 
     def current_pin(self, k: int) -> tuple:
