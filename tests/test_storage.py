@@ -632,7 +632,7 @@ def test_elastic_resume_and_prefetch_into_the_next_epoch(remote_blocks, s3_serve
 # ------------------------------------------------------------------------------------ eviction order
 def _memory_client(objects):
     """A store in a dict (for the fetcher's own logic; everything else runs against moto)."""
-    from fastload._storage.client import Client
+    from fastload._storage.client_protocol import Client
 
     class MemoryClient(Client):
         concurrency = 4

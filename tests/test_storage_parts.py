@@ -95,7 +95,7 @@ def test_an_object_whose_size_changed_is_an_error_naming_it(remote_parted, s3_se
     object rewritten longer is refused, not cut to the listed size. A dataset's parts carry the
     version listed at open, which refuses the rewrite first; a GET without a version (the client
     alone) is refused by the size."""
-    from fastload._storage.clients import make_client
+    from fastload._storage.choose_client import make_client
     from fastload._storage.urls import parse_url
 
     url, local, bucket = remote_parted
@@ -115,7 +115,7 @@ def test_an_object_whose_size_changed_is_an_error_naming_it(remote_parted, s3_se
 def test_client_get_assembles_the_parts_of_an_object(s3_server, client):
     """The client alone: every size around the part boundaries comes back byte for byte, with
     the number of requests part_count says."""
-    from fastload._storage.clients import make_client
+    from fastload._storage.choose_client import make_client
     from fastload._storage.parts import part_count
     from fastload._storage.urls import parse_url
 
@@ -238,7 +238,7 @@ def test_objects_are_split_by_default_only_where_whole_ones_leave_requests_unuse
     of large shards; boto3 splits only when asked); part_size given splits always, part_size=0
     never; requests are counted per part."""
     from fastload._storage.cache import Entry, ObjectCache
-    from fastload._storage.clients import make_client
+    from fastload._storage.choose_client import make_client
     from fastload._storage.fetcher import Fetcher
     from fastload._storage.urls import Url
 

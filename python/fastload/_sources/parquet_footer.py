@@ -92,7 +92,7 @@ def read_footers(files: Any) -> list[tuple[Opened, bytes]]:
 
 class FooterCheck:
     """A download's end must be the footer read at open: the row groups planned are the file's
-    (a client.BodyCheck)."""
+    (a client_protocol.BodyCheck)."""
 
     def __init__(self, url: Any, size: int, footer: bytes):
         self.url, self.size, self.footer = url, size, footer

@@ -12,8 +12,9 @@ import io
 from typing import Any, Mapping
 
 from .._storage.cache import cache_key
-from .._storage.client import Client, redacted_options
-from .._storage.clients import make_client
+from .._storage.choose_client import make_client
+from .._storage.client_protocol import Client
+from .._storage.options import redacted_options
 from .._storage.file_set import FileSet, cache_folder, cache_limit_of, check_cache_holds
 from .._storage.urls import Url, parse_url
 
@@ -21,7 +22,7 @@ _MAX_MANIFEST_BYTES = 1 << 30
 
 
 class _ShardCheck:
-    """A downloaded shard's check (a client.BodyCheck), as its body streams in: its .npy header
+    """A downloaded shard's check (a client_protocol.BodyCheck), as its body streams in: its .npy header
     is the manifest's, and its fl64 checksum too where the manifest has one (hashed while the
     bytes arrive)."""
 

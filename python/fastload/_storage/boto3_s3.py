@@ -2,7 +2,7 @@
 or with storage_options={"client": "boto3"}. Kept beside obstore_s3.py for a tested reason: the
 credential chain renewed on a refusal (credentials.py; tests/test_storage_credentials.py), which
 obstore's own providers do not give for every boto3 profile, and for installs without obstore
-(fastload[s3] needs only boto3). boto3's retries are off: RetryPolicy (client.py) retries."""
+(fastload[s3] needs only boto3). boto3's retries are off: RetryPolicy (retries.py) retries."""
 from __future__ import annotations
 
 import http.client
@@ -11,12 +11,14 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
-from .client import (S3_OPTIONS, BodyCheck, Client, check_options, configure_parts, range_total,
-                     retry_policy, write_body)
+from .bodies import range_total, write_body
+from .client_protocol import BodyCheck, Client
 from .credentials import aws_chain
 from .deadline import body_limit, watched
 from .errors import Transient, changed_error, refused_error
-from .options import setting
+from .options import ALLOWED, check_options, setting
+from .parts import configure_parts
+from .retries import retry_policy
 from .urls import Url
 
 __all__ = ["S3Client"]
@@ -33,12 +35,12 @@ class S3Client(Client):
         import botocore.config  # noqa: PLC0415
         from botocore import UNSIGNED  # noqa: PLC0415
 
-        opts = check_options(options, S3_OPTIONS, "s3")
+        opts = check_options(options, ALLOWED["s3"], "s3")
         self.policy = retry_policy(opts)
         self.concurrency = setting(opts, "max_concurrency")
         # Parts only when asked: boto3 reads each part's body through Python into a buffer, one
         # copy more than a whole object streamed to the file (obstore hands out its own buffer).
-        configure_parts(self, opts, 0)
+        configure_parts(self, opts, "boto3")
         config = botocore.config.Config(
             # A connection for each request at once: the parts (parts.py) and the whole GETs.
             retries={"total_max_attempts": 1, "mode": "standard"}, max_pool_connections=2 * self.concurrency,

@@ -78,7 +78,7 @@ class Entry:
 
     __slots__ = ("url", "rel", "size", "verify", "version")
 
-    def __init__(self, url: Url, rel: str, size: int, verify: Any = None,  # verify: a client.BodyCheck
+    def __init__(self, url: Url, rel: str, size: int, verify: Any = None,  # verify: a client_protocol.BodyCheck
                  version: str | None = None):
         self.url, self.rel, self.size, self.verify, self.version = url, rel, size, verify, version or None
 

@@ -1,4 +1,4 @@
-"""The errors of object storage, shared by the clients (client.py and one file per client) and
+"""The errors of object storage, shared by the clients (one file per client; client_protocol.py) and
 the ranged parts (parts.py): a failure after the retry budget, an object rewritten since it was
 listed, credentials refused, and the transient failure that is retried."""
 from __future__ import annotations

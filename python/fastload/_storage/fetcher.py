@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from .cache import Entry, ObjectCache, cache_too_small
-from .client import Client
+from .client_protocol import Client
 from .stats import StorageStats
 
 _INF = np.iinfo(np.int64).max

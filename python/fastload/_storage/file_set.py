@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from .options import redacted_options
 from .urls import Url, is_url, parse_url
 
 __all__ = ["FileSet", "is_remote", "cache_folder", "cache_limit_of", "local_pin", "redacted"]
@@ -68,8 +69,6 @@ def check_cache_holds(limit: int, largest: int, url: Any) -> None:
 
 def redacted(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """storage_options without its credentials (None stays None): what a pickle may carry."""
-    from .client import redacted_options  # noqa: PLC0415 - loads no client library
-
     return None if options is None else redacted_options(options)
 
 
@@ -222,7 +221,7 @@ class FileSet:
     def _resolve_urls(cls, given: Any, what: str, kind: str, skip: Callable[[str], bool] | None, cache_dir: Any,
                       cache_limit: Any, options: dict, salt: bytes) -> "FileSet":
         from .cache import ObjectCache, cache_key  # noqa: PLC0415
-        from .clients import make_client  # noqa: PLC0415
+        from .choose_client import make_client  # noqa: PLC0415
 
         urls, sizes, tags, client = list_objects(given, lambda scheme: make_client(scheme, options), what)
         if isinstance(given, str):  # a prefix: the directories below it
@@ -285,7 +284,7 @@ class FileSet:
             return list(pool.map(lambda r: self.read_range(*r), ranges))
 
     def verify_with(self, checks: Sequence[Any]) -> None:
-        """A client.BodyCheck per file (or None), run on every download of it (before any fetch)."""
+        """A client_protocol.BodyCheck per file (or None), run on every download of it (before any fetch)."""
         self._checks = list(checks)
 
     def current_pin(self, k: int) -> tuple:

@@ -1,6 +1,6 @@
 """s3:// through obstore (Rust's object_store): requests and body reads run in native code with
 the GIL released, which is why it is the default S3 client where it is installed. The retry
-policy, errors and version checks are client.py's."""
+policy (retries.py), errors (errors.py) and version checks are those of every client."""
 from __future__ import annotations
 
 import os
@@ -9,11 +9,13 @@ import threading
 from typing import Any, BinaryIO, Callable, Mapping, TypeVar
 
 from .boto3_s3 import S3Client
-from .client import (CHUNK, S3_OPTIONS, BodyCheck, Client, changed_error, check_options, retry_policy, refused_error,
-                     Transient, write_body, configure_parts)
+from .bodies import CHUNK, write_body
+from .client_protocol import BodyCheck, Client
 from .credentials import aws_chain, obstore_s3_provider
-from .parts import DEFAULT_PART_SIZE
-from .options import setting
+from .errors import Transient, changed_error, refused_error
+from .options import ALLOWED, check_options, setting
+from .parts import configure_parts
+from .retries import retry_policy
 from .urls import Url
 
 T = TypeVar("T")
@@ -36,12 +38,12 @@ class ObstoreS3Client(Client):
         import obstore  # noqa: PLC0415
         from obstore.store import S3Store  # noqa: PLC0415
 
-        opts = check_options(options, S3_OPTIONS, "s3")
+        opts = check_options(options, ALLOWED["s3"], "s3")
         self._options = opts  # for a listing obstore cannot make (list)
         self._obstore, self._store_type = obstore, S3Store
         self.policy = retry_policy(opts)
         self.concurrency = setting(opts, "max_concurrency")
-        configure_parts(self, opts, DEFAULT_PART_SIZE)
+        configure_parts(self, opts, "obstore")
         endpoint = opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         self._config: dict[str, Any] = {}
         if endpoint:

@@ -16,15 +16,16 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Mapping
 
+from .cache import parse_size
 from .errors import Transient
+from .options import PART_SIZE
 
 if TYPE_CHECKING:
-    from .client import BodyCheck, Client
+    from .client_protocol import BodyCheck, Client
     from .urls import Url
 
-DEFAULT_PART_SIZE = 16 << 20
 _READ_BACK = 8 << 20  # the check reads the assembled file back in chunks of this size
 
 
@@ -34,6 +35,17 @@ def part_count(size: int, part_size: int) -> int:
     if part_size <= 0 or size < 2 * part_size:
         return 1
     return -(-size // part_size)
+
+
+def configure_parts(client: "Client", options: Mapping[str, Any], name: str) -> None:
+    """storage_options['part_size'] (else the default of client `name` in options.PART_SIZE):
+    objects of at least two parts are fetched as ranged GETs of this size in parallel; 0 fetches
+    every object whole. Not given, the fetcher splits objects only where whole ones would leave
+    requests unused (fetcher.py)."""
+    value = options.get("part_size", PART_SIZE[name])
+    client.part_size = 0 if value == 0 else parse_size(value, "storage_options['part_size']")
+    client.parts_always = client.part_size > 0 and "part_size" in options
+    client.parts = PartPool(client.concurrency)
 
 
 class PartPool:

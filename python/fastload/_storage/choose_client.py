@@ -1,11 +1,12 @@
-"""Which client serves a URL scheme: s3:// (obstore, else boto3), gs:// (gcs.py), http(s)://.
-Apart from client.py so that the clients' common code (client.py) imports none of them."""
+"""Which client serves a URL scheme: s3:// (obstore, else boto3), gs:// (gcs.py), http(s)://
+(http.py). Apart from client_protocol.py so that the protocol and the clients' common code
+import none of the clients."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from .boto3_s3 import S3Client
-from .client import Client
+from .client_protocol import Client
 from .obstore_s3 import ObstoreS3Client
 from .gcs import GcsClient
 from .http import HttpClient
