@@ -8,10 +8,21 @@ from typing import TYPE_CHECKING, BinaryIO, Callable
 from .errors import Transient
 
 if TYPE_CHECKING:
-    from .client_protocol import BodyCheck
     from .urls import Url
 
 CHUNK = 8 << 20  # bytes per read of a body
+
+
+class BodyCheck:
+    """A check of a body as it streams in (one pass: the bytes are not read back): start()
+    before the first chunk, feed(chunk) for each, finish(out) at the end raises ValueError if the
+    body is not what it must be (a checksum, a header), and the body is fetched again."""
+
+    def start(self) -> None: ...
+
+    def feed(self, chunk: memoryview) -> None: ...
+
+    def finish(self, out: BinaryIO) -> None: ...
 
 
 def write_body(read: Callable[[int], bytes], out: BinaryIO, expected: int | None, url: "Url",

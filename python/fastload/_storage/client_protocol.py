@@ -12,21 +12,10 @@ from __future__ import annotations
 
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
+from .bodies import BodyCheck
 from .parts import PartPool, get_in_parts, part_count
 from .retries import RetryPolicy
 from .urls import Url
-
-
-class BodyCheck:
-    """A check of a body as it streams in (one pass: the bytes are not read back): start()
-    before the first chunk, feed(chunk) for each, finish(out) at the end raises ValueError if the
-    body is not what it must be (a checksum, a header), and the body is fetched again."""
-
-    def start(self) -> None: ...
-
-    def feed(self, chunk: memoryview) -> None: ...
-
-    def finish(self, out: BinaryIO) -> None: ...
 
 
 @runtime_checkable

@@ -16,17 +16,31 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import TYPE_CHECKING, Any, BinaryIO, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO, Mapping, Protocol
 
+from .bodies import BodyCheck
 from .cache import parse_size
 from .errors import Transient
 from .options import PART_SIZE
+from .retries import RetryPolicy
 
 if TYPE_CHECKING:
-    from .client_protocol import BodyCheck, Client
     from .urls import Url
 
 _READ_BACK = 8 << 20  # the check reads the assembled file back in chunks of this size
+
+
+class PartReader(Protocol):
+    """What this module needs of a client (every Client is one; client_protocol.py declares the
+    members). Declared here, not imported, because the Client's default get() calls this module."""
+
+    policy: RetryPolicy
+    concurrency: int
+    part_size: int
+    parts_always: bool
+    parts: "PartPool"
+
+    def read_range(self, url: "Url", start: int, end: int, version: str | None = None) -> tuple[Any, int | None]: ...
 
 
 def part_count(size: int, part_size: int) -> int:
@@ -37,7 +51,7 @@ def part_count(size: int, part_size: int) -> int:
     return -(-size // part_size)
 
 
-def configure_parts(client: "Client", options: Mapping[str, Any], name: str) -> None:
+def configure_parts(client: PartReader, options: Mapping[str, Any], name: str) -> None:
     """storage_options['part_size'] (else the default of client `name` in options.PART_SIZE):
     objects of at least two parts are fetched as ranged GETs of this size in parallel; 0 fetches
     every object whole. Not given, the fetcher splits objects only where whole ones would leave
@@ -67,7 +81,7 @@ class PartPool:
             return self._pool
 
 
-def get_in_parts(client: "Client", url: "Url", out: BinaryIO, size: int, check: "BodyCheck | None",
+def get_in_parts(client: PartReader, url: "Url", out: BinaryIO, size: int, check: "BodyCheck | None",
                  version: str | None) -> int:
     """The object of `size` bytes written to `out` by part_count(size) ranged GETs at once;
     its bytes. Raises what a part raised after its retries (naming the URL), and a FetchError
