@@ -239,3 +239,22 @@ def test_the_pages_example_runs_as_written(tree, s3_server, tmp_path, capsys):
     assert lines[1].startswith(f"({len(TREE)}, 224, 224, 3) [") and len(lines) == 2
     labels = [int(v) for v in lines[1].split("[")[1].rstrip("]").split(",")]
     assert sorted(labels) == sorted(local.targets)
+
+
+def test_the_cache_walk_finds_complete_files_in_nested_folders(tmp_path):
+    """ObjectCache.scan (walked before each eviction; an image folder's copies sit in folders of
+    1,000): every complete file by its relative name and size, never a lock file, a partial
+    download, the manifest, or what a link to a folder holds."""
+    from fastload._storage.cache import ObjectCache
+
+    root = tmp_path / "c"
+    files = {"0000/0000000-a.jpg": 3, "0000/0000001-b.png": 5, "0001/0001000-c.jpg": 7, "top.bin": 1}
+    for rel, n in files.items():
+        write(root / rel, b"x" * n)
+    write(root / "0000/0000000-a.jpg.lock", b"")
+    write(root / "0001/0001000-c.jpg.part-123-abc", b"partial")
+    write(root / "manifest.json", b"{}")
+    write(tmp_path / "elsewhere/e.jpg", b"e" * 9)
+    os.symlink(tmp_path / "elsewhere", root / "linked")
+    cache = ObjectCache(str(root))
+    assert cache.scan() == {rel.replace("/", os.sep): n for rel, n in files.items()}

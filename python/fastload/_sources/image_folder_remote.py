@@ -138,9 +138,10 @@ class RemoteImages:
         limit = cache_limit_of(cache_limit, folder)
         largest = int(np.argmax(sizes))
         check_cache_holds(limit, sizes[largest], urls[largest])
-        # Flat names in the cache (one folder, the sample's index first): a walk of it is one
-        # scandir, and names below different classes never collide.
-        cached = [f"{k:07d}-{os.path.basename(u.key)}" for k, u in enumerate(urls)]
+        # Names in the cache: the sample's index first (names below different classes never
+        # collide), 1,000 to a folder: a download lists its folder for abandoned partial files
+        # (cache.py), which must not cost O(images) per image.
+        cached = [f"{k // 1000:04d}/{k:07d}-{os.path.basename(u.key)}" for k, u in enumerate(urls)]
         self.files = FileSet.of_objects(client, urls, sizes, tags, cached, folder, limit)
         self.files.shards_read(per_sample=True)
         self.versions = tags
