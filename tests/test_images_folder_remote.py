@@ -86,6 +86,9 @@ def test_classes_samples_and_batches_equal_the_local_folder(tree, s3_server, s3_
     stats = remote.storage_stats()  # each image fetched once: the cache holds the folder
     assert stats.bytes_fetched == sum(os.path.getsize(tree / rel) for rel in TREE)
     assert stats.evictions == 0
+    # Fetched ahead along the plan: the fetcher reads sample i as file i (FileSet.shards_read(
+    # per_sample=True)); read as one shard of the source, it would know of file 0 only.
+    assert stats.prefetched >= 2, stats
 
 
 def test_resume_a_mix_a_small_cache_faults_and_a_pickle(tree, s3_server, s3_proxy, tmp_path):
