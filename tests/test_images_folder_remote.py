@@ -261,3 +261,57 @@ def test_the_cache_walk_finds_complete_files_in_nested_folders(tmp_path):
     os.symlink(tmp_path / "elsewhere", root / "linked")
     cache = ObjectCache(str(root))
     assert cache.scan() == {rel.replace("/", os.sep): n for rel, n in files.items()}
+
+
+def test_many_small_files_evict_a_sixteenth_at_once_within_the_limit(tmp_path, monkeypatch):
+    """The fetcher with 600 small files and room for 128: every file it hands out is present
+    and whole, the cache never holds more than its limit, the files evicted at the first eviction
+    are those the plan needs furthest ahead, and the folder is walked once per many downloads (a
+    16th of the cache freed at once), not once per download."""
+    from fastload._storage.cache import Entry, ObjectCache
+    from fastload._storage.client import Client
+    from fastload._storage.fetcher import Fetcher
+    from fastload._storage.urls import Url
+
+    n, size = 600, 100
+    limit = 128 * size
+
+    class Memory(Client):
+        concurrency, requests = 4, 0
+
+        def __init__(self):
+            pass
+
+        def get_whole(self, url, out, expected=None, check=None, version=None):
+            self.requests += 1
+            out.write(bytes([int(url.key[1:]) % 251]) * size)
+            return size
+
+    walks = [0]
+    scan = ObjectCache.scan
+    monkeypatch.setattr(ObjectCache, "scan", lambda self: (walks.__setitem__(0, walks[0] + 1), scan(self))[1])
+    cache = ObjectCache(str(tmp_path / "c"))
+    f = Fetcher(Memory(), cache, [Entry(Url("s3", "b", f"k{i}"), f"f{i}", size) for i in range(n)],
+                [[i] for i in range(n)], limit)
+    seq = np.random.default_rng(1).integers(0, n, 1500)
+    pos = [0]
+    f.start_epoch(seq, lambda: pos[0], prefetch=False)
+    first, own = None, 0
+    for p, i in enumerate(seq.tolist()):
+        pos[0] = p
+        before = set(scan(cache)) if first is None else None
+        f.provide(i)
+        assert (tmp_path / "c" / f"f{i}").read_bytes() == bytes([i % 251]) * size
+        if first is None or p % 10 == 0:
+            on_disk = set(scan(cache))
+            assert len(on_disk) * size <= limit
+        if first is None and before - on_disk:
+            first = before - on_disk
+            later = {k: next((q for q in range(p, len(seq)) if seq[q] == k), len(seq)) for k in
+                     (int(r[1:]) for r in before)}
+            furthest = sorted(later, key=lambda k: -later[k])[:len(first)]
+            assert sorted(later[int(r[1:])] for r in first) == sorted(later[k] for k in furthest)
+    assert first is not None and len(first) >= limit // 16 // size
+    misses = f.stats(walk=False).misses
+    assert misses > 600 and walks[0] < misses // 3, (walks[0], misses)
+    f.stop()

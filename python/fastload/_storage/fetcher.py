@@ -237,8 +237,7 @@ class Fetcher:
         shards = self.shard_of_file[files]
         done = self._reads_done_locked()
         done = done[files] if done is not None else np.zeros(len(files), dtype=np.int64)
-        # Each shard's first read at a step >= pos: one searchsorted over (shard, step) keys for
-        # all files at once (a cache of 10^4 small files is 10^4 candidates per eviction).
+        # Each shard's first read at a step >= pos: one searchsorted over (shard, step) keys.
         span = self._window[1] + 1  # the window's steps are < its end
         at = np.searchsorted(self._occ_step_keys, shards * span + min(max(pos, 0), span - 1))
         at = np.maximum(at, self._occ_start[shards] + done)
@@ -256,11 +255,11 @@ class Fetcher:
         return read - self._reads_from - self._reads_before[self.shard_of_file]
 
     def _make_room_locked(self, nbytes: int, demand: bool, needed_at: int, wanted: int | None = None) -> bool:
-        """Reserves nbytes of the limit, evicting the cached files needed furthest ahead. A
-        prefetch evicts only files needed later than `needed_at` (else it is not worth it: False);
-        a demand (for file `wanted`) waits for room (files unpinned, reads done, downloads done),
-        for _DEMAND_PATIENCE evicting no file the plan reads before `wanted`, and raises after a
-        bound."""
+        """Reserves nbytes of the limit, evicting the cached files needed furthest ahead (files of
+        under 1/64 of it: down to 15/16, so the walk comes once per many). A prefetch evicts only
+        files needed later than `needed_at` (else False); a demand (for file `wanted`) waits for
+        room (files unpinned, reads done, downloads done), for _DEMAND_PATIENCE evicting no file
+        the plan reads before `wanted`, and raises after a bound."""
         deadline = time.monotonic() + _DEMAND_WAIT
         patience = time.monotonic() + _DEMAND_PATIENCE if demand else 0.0
         fresh = False
@@ -286,9 +285,10 @@ class Fetcher:
                     # Nor one read at the same step (the wanted file's shard's other columns).
                     wanted_at = int(self._next_use(np.array([wanted], dtype=np.int64), pos)[0])
                     keep_before = wanted_at + 1 if wanted_at < _INF else None
+                slack = self.limit // 16 if self.limit >= 64 * nbytes else 0  # small files: 1/16 freed at once
                 for j in np.argsort(-uses, kind="stable"):
                     if keep_before is not None and uses[j] < keep_before:
-                        if not demand:
+                        if not demand and used + nbytes > self.limit:
                             return False
                         break
                     i = int(candidates[j])
@@ -298,7 +298,7 @@ class Fetcher:
                     self._note_locked(i, False)
                     self._stats.evictions += 1
                     used -= self.entries[i].size
-                    if used + nbytes <= self.limit:
+                    if used + nbytes + slack <= self.limit:
                         break
                 if used + nbytes <= self.limit:
                     continue  # scan again: another process may have added files meanwhile
