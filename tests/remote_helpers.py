@@ -21,7 +21,8 @@ def opts(endpoint: str, **more) -> dict:
 
 
 def copy(batch: dict) -> dict:
-    return {k: v.clone() for k, v in batch.items()}
+    """The batch's tensors cloned (its Python lists, of str, bytes or parsed JSON, copied)."""
+    return {k: (v.clone() if hasattr(v, "clone") else list(v)) for k, v in batch.items()}
 
 
 def batches(loader, epoch=None) -> list:
@@ -36,12 +37,18 @@ def batches(loader, epoch=None) -> list:
         loader.close()
 
 
-def equal(a: list, b: list) -> None:
+def equal(a: list, b: list, nonempty: bool = False) -> None:
+    """Batches equal part for part: tensors of one dtype and shape, element for element; lists
+    equal. nonempty: and at least one batch (a comparison of nothing proves nothing)."""
     assert len(a) == len(b)
+    assert len(a) > 0 or not nonempty
     for x, y in zip(a, b):
         assert x.keys() == y.keys()
         for k in x:
-            assert x[k].dtype == y[k].dtype and bool((x[k] == y[k]).all()), k
+            if isinstance(x[k], list):
+                assert x[k] == y[k], k
+            else:
+                assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape and bool((x[k] == y[k]).all()), k
 
 
 def small_dataset(local, width: int, seed: int) -> dict:
@@ -66,3 +73,45 @@ def upload_dir(s3, bucket: str, prefix: str, local) -> None:
             full = os.path.join(dirpath, name)
             with open(full, "rb") as f:
                 s3.put_object(Bucket=bucket, Key=f"{prefix}/{os.path.relpath(full, local)}", Body=f.read())
+
+
+def new_bucket(endpoint: str, tag: str = "b") -> tuple:
+    """(name, boto3 client) of a new bucket of the S3 server at `endpoint`."""
+    import uuid  # noqa: PLC0415
+
+    import boto3  # noqa: PLC0415
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    bucket = f"{tag}-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    return bucket, s3
+
+
+def upload_s3(endpoint: str, local, prefix: str, tag: str = "b") -> tuple:
+    """A new bucket holding every file under `local` at prefix/<relative path>: (bucket, client)."""
+    bucket, s3 = new_bucket(endpoint, tag)
+    upload_dir(s3, bucket, prefix, local)
+    return bucket, s3
+
+
+class FolderServer:
+    """Python's own file server over a local folder on 127.0.0.1 (no ETag, no ranges: the version
+    of an object is its Last-Modified), as a context manager; .url has no trailing slash."""
+
+    def __init__(self, root):
+        import functools  # noqa: PLC0415
+        import http.server  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+        handler.log_message = lambda *args: None
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> "FolderServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -73,8 +73,8 @@ def test_empty_and_missing_folders_raise_as_torchvision(tmp_path):
     assert len(fl.ImageFolder(tmp_path, image=fl.Image(8), allow_empty=True)) == 1
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         fl.ImageFolder(tmp_path / "nope", image=fl.Image(8))
-    with pytest.raises(ValueError, match="object storage is not supported for image folders"):
-        fl.ImageFolder("s3://bucket/train", image=fl.Image(8))
+    with pytest.raises(ValueError, match="are for a root in object storage"):  # tests/test_images_folder_remote.py
+        fl.ImageFolder(tmp_path, image=fl.Image(8), storage_options={})
     with pytest.raises(TypeError, match="image must be an fl.Image"):
         fl.ImageFolder(tmp_path, image=224)
 

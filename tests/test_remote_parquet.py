@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import uuid
 
 import numpy as np
 import pytest
 
 import fastload as fl
-from remote_helpers import S3_CLIENTS, batches as _batches, equal as _equal, opts as _opts
+from remote_helpers import (S3_CLIENTS, FolderServer, batches as _batches, equal as _equal, new_bucket, opts as _opts,
+                            upload_s3)
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -51,12 +51,7 @@ def parquet_dir(tmp_path):
 
 
 def _upload_s3(endpoint, local, prefix="pq"):
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    bucket = f"p-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=bucket)
-    for name in sorted(os.listdir(local)):
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=(local / name).read_bytes())
-    return bucket, s3
+    return upload_s3(endpoint, local, prefix, tag="p")
 
 
 def _files(local):
@@ -201,9 +196,7 @@ def test_corrupt_and_truncated_downloads_are_fetched_again(parquet_dir, s3_serve
 
 
 def test_bad_objects_name_their_url(s3_server, tmp_path):
-    s3 = boto3.client("s3", endpoint_url=s3_server[0], region_name="us-east-1")
-    bucket = f"p-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=bucket)
+    bucket, s3 = new_bucket(s3_server[0], tag="p")
     s3.put_object(Bucket=bucket, Key="x/a.parquet", Body=b"not a parquet file at all")
     with pytest.raises(ValueError, match=rf"s3://{bucket}/x/a.parquet is not a Parquet file"):
         fl.Parquet(f"s3://{bucket}/x/", storage_options=_opts(s3_server[0]), cache_dir=tmp_path)
@@ -230,10 +223,6 @@ def test_http_urls_public_objects_and_a_plain_file_server(parquet_dir, s3_server
     """http(s):// URLs: public objects of the S3 server (ETags, ranges), and Python's own file
     server (no ETag, no ranges: the footer read takes the whole file, the version is its
     Last-Modified)."""
-    import functools
-    import http.server
-    import threading
-
     here = fl.Parquet(_files(parquet_dir), COLUMNS, max_length=LENGTHS)
     kw = dict(batch_size=64, shuffle=True, seed=7, num_threads=2, device="cpu")
     reference = _batches(fl.Loader(here, **kw))
@@ -246,18 +235,10 @@ def test_http_urls_public_objects_and_a_plain_file_server(parquet_dir, s3_server
     assert sum(s3_proxy.ranged.values()) == len(names)
     _equal(_batches(fl.Loader(public, **kw)), reference)
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(parquet_dir))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
-        plain = fl.Parquet([f"{base}/{n}" for n in names], COLUMNS, max_length=LENGTHS,
+    with FolderServer(parquet_dir) as server:
+        plain = fl.Parquet([f"{server.url}/{n}" for n in names], COLUMNS, max_length=LENGTHS,
                            storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c2")
         _equal(_batches(fl.Loader(plain, **kw)), reference)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_pickled_prefix_is_listed_again_and_refuses_objects_added_since(parquet_dir, s3_server, tmp_path):

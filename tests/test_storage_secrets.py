@@ -80,6 +80,8 @@ def _entry_points(url: str, options: dict, cache):
                                                               cache_dir=cache)
     yield "Windows.from_files([...])", lambda: fl.Windows.from_files([url], dtype=np.uint16, length=4,
                                                                      storage_options=options, cache_dir=cache)
+    yield "Tar", lambda: fl.Tar(url, storage_options=options, cache_dir=cache)
+    yield "ImageFolder", lambda: fl.ImageFolder(url, image=fl.Image(8), storage_options=options, cache_dir=cache)
     try:
         import pyarrow  # noqa: F401
     except ImportError:

@@ -1,19 +1,18 @@
-"""fl.Tar over shards in object storage (the moto S3 server behind the fault proxy): through the
-storage seam (FileSet), the same batches as from the local shards, for ranks, partition="shards",
-a cache smaller than the data, resume, a pickle; faults retried; an object rewritten after it was
-pinned refused, naming it."""
+"""fl.Tar over shards in object storage (the moto S3 server behind the fault proxy, the GCS
+emulator, http(s):// from public S3 objects and from Python's file server): through the storage
+seam (FileSet), the same batches as from the local shards, for ranks, partition="shards", a
+cache smaller than the data, resume, a pickle; faults retried; an object rewritten after it was
+pinned refused, naming it; credentials kept out of pickles."""
 from __future__ import annotations
 
 import os
 import pathlib
 import pickle
-import uuid
 
-import numpy as np
 import pytest
 
 import fastload as fl
-from remote_helpers import S3_CLIENTS, opts
+from remote_helpers import S3_CLIENTS, FolderServer, batches as _batches, equal as _equal, opts, upload_s3
 from tar_reference import every_kind_sample, write_shard
 
 boto3 = pytest.importorskip("boto3")
@@ -32,28 +31,15 @@ def shards(tmp_path):
 
 
 def upload(endpoint, local):
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    bucket = f"t-{uuid.uuid4().hex[:12]}"
-    s3.create_bucket(Bucket=bucket)
-    for name in sorted(os.listdir(local)):
-        s3.put_object(Bucket=bucket, Key=f"shards/{name}", Body=(local / name).read_bytes())
-    return bucket, s3
+    return upload_s3(endpoint, local, "shards", tag="t")
 
 
 def batches(loader):
-    with loader:
-        return [{k: (v.clone() if hasattr(v, "clone") else list(v)) for k, v in b.items()} for b in loader]
+    return _batches(loader)
 
 
 def equal(a, b):
-    assert len(a) == len(b) and len(a) > 0
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            if isinstance(x[k], list):
-                assert x[k] == y[k], k
-            else:
-                assert np.array_equal(x[k].numpy(), y[k].numpy()), k
+    _equal(a, b, nonempty=True)
 
 
 @pytest.mark.parametrize("client", S3_CLIENTS)
@@ -118,3 +104,66 @@ def test_an_object_rewritten_after_open_is_refused_naming_it(shards, s3_server, 
         pickle.loads(pickle.dumps(remote))
     fresh = fl.Tar(url, fields=["__key__"], storage_options=opts(s3_server[0]), cache_dir=tmp_path / "c2")
     assert [k for b in batches(fl.Loader(fresh, batch_size=25, device="cpu")) for k in b["__key__"]][0] == "z00000"
+
+
+def test_batches_from_gs_equal_the_local_shards(shards, gcs_server, gcs_proxy, tmp_path):
+    bucket = gcs_server.bucket()
+    gcs_server.put_dir(bucket, "shards", shards)
+    gcs_proxy.arm("503", match="alt=media", times=2)  # downloads retried
+    options = {"endpoint_url": gcs_proxy.url, "anon": True, "backoff": 0.01, "max_backoff": 0.05}
+    remote = fl.Tar(f"gs://{bucket}/shards/", fields=FIELDS, storage_options=options, cache_dir=tmp_path / "cache")
+    here = fl.Tar(str(shards), fields=FIELDS)
+    assert remote.shards == [f"gs://{bucket}/shards/train-{s:06d}.tar" for s in range(4)]
+    assert remote.shard_rows == here.shard_rows == [40, 25, 33, 30]
+    for rank in range(2):
+        kw = dict(batch_size=8, shuffle=True, seed=5, rank=rank, world_size=2, num_threads=2, device="cpu")
+        equal(batches(fl.Loader(remote, **kw)), batches(fl.Loader(here, **kw)))
+    kw = dict(batch_size=8, shuffle=True, seed=2, order="block", device="cpu")
+    equal(batches(fl.Loader(remote, **kw)), batches(fl.Loader(here, **kw)))
+    # A brace pattern of gs:// URLs, a cache of two shards: the same batches, with evictions.
+    limit = max(os.path.getsize(shards / f"train-{s:06d}.tar") for s in range(4)) * 2 + 1
+    small = fl.Tar(f"gs://{bucket}/shards/train-{{000000..000003}}.tar", fields=FIELDS, storage_options=options,
+                   cache_dir=tmp_path / "small", cache_limit=limit)
+    kw = dict(batch_size=8, shuffle=False, num_threads=2, device="cpu")
+    equal(batches(fl.Loader(small, **kw)), batches(fl.Loader(here, **kw)))
+    assert small.storage_stats().evictions > 0
+
+
+def test_batches_from_http_equal_the_local_shards(shards, s3_server, s3_proxy, tmp_path):
+    """http(s):// URLs (no listing: a brace pattern or a list): public objects of the S3 server
+    (ETags, ranges) through the fault proxy, and Python's own file server (no ETag, no ranges)."""
+    here = fl.Tar(str(shards), fields=FIELDS)
+    kw = dict(batch_size=8, shuffle=True, seed=3, num_threads=2, device="cpu")
+    reference = batches(fl.Loader(here, **kw))
+    bucket, s3 = upload(s3_server[0], shards)
+    for s in range(4):
+        s3.put_object_acl(Bucket=bucket, Key=f"shards/train-{s:06d}.tar", ACL="public-read")
+    s3_proxy.arm("503", match=".tar", times=2)
+    public = fl.Tar(f"{s3_proxy.url}/{bucket}/shards/train-{{000000..000003}}.tar", fields=FIELDS,
+                    storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c1")
+    assert public.shards == [f"{s3_proxy.url}/{bucket}/shards/train-{s:06d}.tar" for s in range(4)]
+    assert public.shard_rows == here.shard_rows
+    equal(batches(fl.Loader(public, **kw)), reference)
+    kw2 = dict(batch_size=8, shuffle=True, seed=6, rank=1, world_size=2, partition="shards", device="cpu")
+    equal(batches(fl.Loader(public, **kw2)), batches(fl.Loader(here, **kw2)))
+    with pytest.raises(ValueError, match="http\\(s\\):// has no listing"):
+        fl.Tar(f"{s3_proxy.url}/{bucket}/shards/", storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c0")
+    with FolderServer(shards) as server:
+        plain = fl.Tar([f"{server.url}/train-{s:06d}.tar" for s in range(4)], fields=FIELDS,
+                       storage_options={"backoff": 0.01}, cache_dir=tmp_path / "c2")
+        equal(batches(fl.Loader(plain, **kw)), reference)
+        back = pickle.loads(pickle.dumps(plain))
+        equal(batches(fl.Loader(back, **kw)), reference)
+
+
+def test_a_pickle_carries_no_credential(shards, s3_server, tmp_path):
+    bucket, _ = upload(s3_server[0], shards)
+    secret = "SECRETsecretSECRET0123456789"  # the server's test credentials, passed as options too
+    remote = fl.Tar(f"s3://{bucket}/shards/", fields=FIELDS, cache_dir=tmp_path / "cache",
+                    storage_options=opts(s3_server[0], key="testing-key-id", secret=secret))
+    blob = pickle.dumps(remote)
+    assert secret.encode() not in blob and b"testing-key-id" not in blob
+    assert secret not in repr(remote)
+    here = fl.Tar(str(shards), fields=FIELDS)
+    kw = dict(batch_size=16, device="cpu")
+    equal(batches(fl.Loader(pickle.loads(blob), **kw)), batches(fl.Loader(here, **kw)))  # its own chain's

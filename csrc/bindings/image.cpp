@@ -160,19 +160,22 @@ void register_image(py::module_& m) {
   }, "{'jpeg': library or None, 'png': library or None}: this build's native image decoders");
 
   // paths: every path's bytes back to back; offsets: n + 1 int64; labels: n int64 or None;
-  // spec: Image.native(); fallback: an object with header() and decode(), or None.
+  // spec: Image.native(); fallback: an object with header() and decode(), or None; lazy: None
+  // (the paths are read), or a LazyFiles of the n files (object storage: the paths are their URLs).
   m.def("ImageFileSource", [](const py::bytes& paths, const py::object& offsets, const py::object& labels,
                               const py::tuple& spec, const py::object& fallback, const std::string& image_name,
-                              const std::string& label_name) {
+                              const std::string& label_name, const py::object& lazy) {
     image::PathList list;
     list.bytes = std::string(paths);
     list.offsets = int64s(offsets);
     std::vector<int64_t> label_values = labels.is_none() ? std::vector<int64_t>{} : int64s(labels);
+    auto files = lazy.is_none() ? nullptr : lazy.cast<std::shared_ptr<LazyFiles>>();
     auto source = std::make_shared<image::ImageFileSource>(std::move(list), std::move(label_values), spec_from(spec),
-                                                           fallback_from(fallback), image_name, label_name);
-    return SourceHandle{std::move(source), fallback};
+                                                           fallback_from(fallback), image_name, label_name,
+                                                           std::move(files));
+    return SourceHandle{std::move(source), py::make_tuple(fallback, lazy)};
   }, py::arg("paths"), py::arg("offsets"), py::arg("labels"), py::arg("spec"), py::arg("fallback"),
-     py::arg("image_name") = "image", py::arg("label_name") = "label");
+     py::arg("image_name") = "image", py::arg("label_name") = "label", py::arg("lazy") = py::none());
 
   m.def("_set_native_image_decoding", &image::set_native_decoding, py::arg("enabled"),
         "Test instrument: False makes this process decode as a build without libjpeg / libpng (JPEG and PNG "

@@ -61,8 +61,12 @@ ImageDecoder& thread_decoder() {
 
 ImageFileSource::ImageFileSource(PathList files, std::vector<int64_t> labels, ImageSpec spec,
                                  std::shared_ptr<const FallbackDecoder> fallback, std::string image_name,
-                                 std::string label_name)
-    : files_(std::move(files)), labels_(std::move(labels)), spec_(spec), fallback_(std::move(fallback)) {
+                                 std::string label_name, std::shared_ptr<LazyFiles> lazy)
+    : files_(std::move(files)),
+      lazy_(std::move(lazy)),
+      labels_(std::move(labels)),
+      spec_(spec),
+      fallback_(std::move(fallback)) {
   spec_.check();
   const int64_t n = files_.size();
   for (int64_t i = 0; i < n; ++i)
@@ -72,6 +76,9 @@ ImageFileSource::ImageFileSource(PathList files, std::vector<int64_t> labels, Im
   if (!labels_.empty() && static_cast<int64_t>(labels_.size()) != n)
     throw std::invalid_argument("image files: " + std::to_string(labels_.size()) + " labels for " +
                                 std::to_string(n) + " files");
+  if (lazy_ && static_cast<int64_t>(lazy_->size()) != n)
+    throw std::invalid_argument("image files: " + std::to_string(lazy_->size()) + " mapped files for " +
+                                std::to_string(n) + " names");
   schema_.push_back(image_part(image_name, spec_));
   if (!labels_.empty()) schema_.push_back(PartSchema{label_name, kInt64, {}, sizeof(int64_t)});
 }
@@ -85,11 +92,24 @@ void ImageFileSource::fill(const FillRequest& r) {
     if (id < 0 || id >= files_.size())
       throw std::out_of_range("sample id " + std::to_string(id) + " out of range [0, " +
                               std::to_string(files_.size()) + ")");
+    SampleRng rng(r.seed, r.source_epochs ? r.source_epochs[i] : r.epoch, id);
+    uint8_t* out = reinterpret_cast<uint8_t*>(r.parts[0]) + static_cast<size_t>(i) * out_bytes;
     try {
-      read_file(files_.at(id), bytes);
-      SampleRng rng(r.seed, r.source_epochs ? r.source_epochs[i] : r.epoch, id);
-      decoder.decode(bytes.data(), bytes.size(), spec_, rng, fallback_.get(),
-                     reinterpret_cast<uint8_t*>(r.parts[0]) + static_cast<size_t>(i) * out_bytes);
+      if (!lazy_) {
+        read_file(files_.at(id), bytes);
+        decoder.decode(bytes.data(), bytes.size(), spec_, rng, fallback_.get(), out);
+        continue;
+      }
+      // One file pinned at a time (the fetcher's pin bound holds), counted as one read when
+      // released: the fetcher then knows this sample's read of it is done. A provider's error
+      // (an object deleted: FileNotFoundError naming its URL) passes through as it is.
+      const int32_t file = static_cast<int32_t>(id);
+      const int32_t one = 1;
+      const std::byte* data = nullptr;
+      PinnedFiles pinned(*lazy_);
+      pinned.pin(&file, 1, &data, &one);
+      decoder.decode(reinterpret_cast<const uint8_t*>(data), static_cast<size_t>(lazy_->file(file).bytes), spec_, rng,
+                     fallback_.get(), out);
     } catch (const ImageError& e) {
       throw ImageError("image file '" + files_.at(id) + "' (sample " + std::to_string(id) + "): " + e.what());
     }

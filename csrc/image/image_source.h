@@ -1,6 +1,8 @@
 // Image files as a batch source (fl.ImageFolder's native side): sample i is file i, decoded by
 // the collation threads into the batch's "image" part (image_decoder.h), with its int64 label
 // in "label". No Python per image; a fallback decoder, when one is used, takes the GIL itself.
+// Local files are read whole; files of object storage come through a LazyFiles (file i mapped
+// on demand after its provider, the source's fetcher, made it present in the cache).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "core/batch_source.h"
+#include "core/lazy_mappings.h"
 #include "image/image_decoder.h"
 #include "image/image_spec.h"
 
@@ -26,11 +29,13 @@ void read_file(const std::string& path, std::vector<uint8_t>& out);
 
 class ImageFileSource final : public BatchSource {
  public:
-  // `labels`: one per file, or empty (no "label" part). Throws std::invalid_argument for a bad
-  // spec or labels of another length.
+  // `labels`: one per file, or empty (no "label" part). `lazy` (may be null): file i is file i of
+  // it, mapped (and fetched) on demand; `files` then names the files in errors (their URLs).
+  // Throws std::invalid_argument for a bad spec, labels of another length or a `lazy` of
+  // another length.
   ImageFileSource(PathList files, std::vector<int64_t> labels, ImageSpec spec,
                   std::shared_ptr<const FallbackDecoder> fallback, std::string image_name = "image",
-                  std::string label_name = "label");
+                  std::string label_name = "label", std::shared_ptr<LazyFiles> lazy = nullptr);
   const std::vector<PartSchema>& schema() const override { return schema_; }
   int64_t size() const override { return files_.size(); }
   void fill(const FillRequest& request) override;
@@ -38,6 +43,7 @@ class ImageFileSource final : public BatchSource {
 
  private:
   PathList files_;
+  std::shared_ptr<LazyFiles> lazy_;
   std::vector<int64_t> labels_;
   ImageSpec spec_;
   std::shared_ptr<const FallbackDecoder> fallback_;

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import _C
+from .._storage.file_set import redacted
 from .._columns.spec import numpy_dl_code
 from .._images.fallback import fallback_for
 from .._images.spec import Image
@@ -73,8 +74,10 @@ class Tar:
     def __init__(self, urls: Any, *, fields: Sequence[str] | None = None, decode: Mapping[str, Image] | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_limit: Any = None,
                  storage_options: dict | None = None):
+        # What a pickle carries: storage_options without credentials (a copy takes them from the
+        # credential chain of the process it lands in).
         self._args = dict(urls=urls, fields=fields, decode=decode, cache_dir=cache_dir, cache_limit=cache_limit,
-                          storage_options=storage_options)
+                          storage_options=redacted(storage_options))
         cache_dir = os.path.expanduser(os.fspath(cache_dir)) if cache_dir is not None else None
         remote = any("://" in n for n in _flat(urls))
         self._files = resolve_shards(urls, cache_dir=cache_dir if remote else None, cache_limit=cache_limit,

@@ -237,12 +237,13 @@ class Fetcher:
         shards = self.shard_of_file[files]
         done = self._reads_done_locked()
         done = done[files] if done is not None else np.zeros(len(files), dtype=np.int64)
+        # Each shard's first read at a step >= pos: one searchsorted over (shard, step) keys.
+        span = self._window[1] + 1  # the window's steps are < its end
+        at = np.searchsorted(self._occ_step_keys, shards * span + min(max(pos, 0), span - 1))
+        at = np.maximum(at, self._occ_start[shards] + done)
+        read = at < self._occ_start[shards + 1]
         out = np.full(len(files), _INF, dtype=np.int64)
-        for j, k in enumerate(shards):
-            occ = self._occ_steps[self._occ_start[k]:self._occ_start[k + 1]]
-            at = max(int(np.searchsorted(occ, pos)), int(done[j]))
-            if at < len(occ):
-                out[j] = occ[at]
+        out[read] = self._occ_steps[at[read]]
         return out
 
     def _reads_done_locked(self) -> np.ndarray | None:
@@ -254,11 +255,11 @@ class Fetcher:
         return read - self._reads_from - self._reads_before[self.shard_of_file]
 
     def _make_room_locked(self, nbytes: int, demand: bool, needed_at: int, wanted: int | None = None) -> bool:
-        """Reserves nbytes of the limit, evicting the cached files needed furthest ahead. A
-        prefetch evicts only files needed later than `needed_at` (else it is not worth it: False);
-        a demand (for file `wanted`) waits for room (files unpinned, reads done, downloads done),
-        for _DEMAND_PATIENCE evicting no file the plan reads before `wanted`, and raises after a
-        bound."""
+        """Reserves nbytes of the limit, evicting the cached files needed furthest ahead (files of
+        under 1/64 of it: down to 15/16, so the walk comes once per many). A prefetch evicts only
+        files needed later than `needed_at` (else False); a demand (for file `wanted`) waits for
+        room (files unpinned, reads done, downloads done), for _DEMAND_PATIENCE evicting no file
+        the plan reads before `wanted`, and raises after a bound."""
         deadline = time.monotonic() + _DEMAND_WAIT
         patience = time.monotonic() + _DEMAND_PATIENCE if demand else 0.0
         fresh = False
@@ -284,9 +285,10 @@ class Fetcher:
                     # Nor one read at the same step (the wanted file's shard's other columns).
                     wanted_at = int(self._next_use(np.array([wanted], dtype=np.int64), pos)[0])
                     keep_before = wanted_at + 1 if wanted_at < _INF else None
+                slack = self.limit // 16 if self.limit >= 64 * nbytes else 0  # small files: 1/16 freed at once
                 for j in np.argsort(-uses, kind="stable"):
                     if keep_before is not None and uses[j] < keep_before:
-                        if not demand:
+                        if not demand and used + nbytes > self.limit:
                             return False
                         break
                     i = int(candidates[j])
@@ -296,7 +298,7 @@ class Fetcher:
                     self._note_locked(i, False)
                     self._stats.evictions += 1
                     used -= self.entries[i].size
-                    if used + nbytes <= self.limit:
+                    if used + nbytes + slack <= self.limit:
                         break
                 if used + nbytes <= self.limit:
                     continue  # scan again: another process may have added files meanwhile
@@ -392,6 +394,7 @@ class Fetcher:
         counts = np.bincount(seq, minlength=len(self.shard_files))
         self._seq, self._at = seq, np.asarray(w.steps, dtype=np.int64)
         self._occ_steps = self._at[order]
+        self._occ_step_keys = seq[order] * (w.end + 1) + self._occ_steps  # (shard, step), sorted
         self._occ_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # (shard, index) keys in sorted order: each shard's next read at or after an index is one
         # searchsorted for all shards at once (_ahead_locked).

@@ -192,6 +192,7 @@ class FileSet:
         self._units: list[list[int]] | None = None  # the fetcher's shards: files fetched together
         self._unit_of_shard: np.ndarray | None = None  # the source's shard -> a unit (None: the same)
         self._shard_bytes: np.ndarray | None = None
+        self.unit_per_sample = False  # the plan's sample ids are the units (an image folder: a file a sample)
         self._fetcher: Any = None
         self._opened_pins: _Pins | None = None
         self._lock = threading.Lock()
@@ -324,11 +325,14 @@ class FileSet:
 
     # ------------------------------------------------------------------ the plan (the Loader's side)
     def shards_read(self, units: Sequence[Sequence[int]] | None = None, unit_of_shard: Any = None,
-                    shard_bytes: Any = None) -> None:
+                    shard_bytes: Any = None, per_sample: bool = False) -> None:
         """How the source's shards read the files: `units` the groups of files fetched together
         (default: each file alone; a dataset directory's shard: its columns' files), and the unit
         each of the source's shards reads with its share of the bytes (default: shard k is unit k;
-        a Parquet row group reads its file, weighted by its compressed bytes)."""
+        a Parquet row group reads its file, weighted by its compressed bytes). per_sample: sample
+        i reads file i alone (an image folder), whatever the source's shards: the plan hands the
+        fetcher its sample ids as they are."""
+        self.unit_per_sample = per_sample
         self._units = None if units is None else [list(u) for u in units]
         self._unit_of_shard = None if unit_of_shard is None else np.asarray(unit_of_shard, dtype=np.int64)
         self._shard_bytes = None if shard_bytes is None else np.asarray(shard_bytes, dtype=np.int64)

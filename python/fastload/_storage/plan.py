@@ -37,6 +37,7 @@ class _SourcePlan:
         self.lo = order.offsets[part]
         self.hi = self.lo + len(source)
         self.ends = _shard_ends(source)
+        self.per_sample = bool(getattr(_fetcher_of(source), "unit_per_sample", False))  # sample i: unit i
         self.only = len(order.sources) == 1
         self.steps_per_window = 0
 
@@ -52,7 +53,7 @@ class _SourcePlan:
         if not self.only:
             mine = (ids >= self.lo) & (ids < self.hi)
             ids, steps = ids[mine] - self.lo, steps[mine]
-        shards = np.searchsorted(self.ends, ids, side="right")
+        shards = ids if self.per_sample else np.searchsorted(self.ends, ids, side="right")
         return PlanWindow(shards, steps, end, end >= order.steps, short)
 
 
