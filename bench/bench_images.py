@@ -96,11 +96,8 @@ def make_set(root: Path, name: str, count: int | None = None) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ loaders (worker side)
-def _fastload(root, transform, threads, batch, split=True):
+def _fastload(root, transform, threads, batch):
     import fastload as fl
-    from fastload import _C
-
-    _C._set_row_splitting(split)  # fastload-nosplit: each batch one thread's (before row splitting)
 
     spec = fl.Image(224, flip=0.5) if transform == "train" else fl.Image(224, crop="center")
     loader = fl.Loader(fl.ImageFolder(root, image=spec), batch_size=batch, shuffle=True, seed=0,
@@ -223,7 +220,7 @@ def _spdl(root, transform, threads, batch):
 
 
 def worker(args) -> None:
-    make = {"fastload": _fastload, "fastload-nosplit": lambda *a: _fastload(*a, split=False), "tv-pil": lambda *a: _torchvision(*a, decoder="pil"),
+    make = {"fastload": _fastload, "tv-pil": lambda *a: _torchvision(*a, decoder="pil"),
             "tv-decode_jpeg": lambda *a: _torchvision(*a, decoder="io"), "dali-cpu": _dali, "spdl": _spdl}[args.worker]
     epoch = make(args.root, args.transform, args.threads, args.batch)  # built, not timed
     c0, t0 = time.process_time(), time.perf_counter()  # one epoch, its start (worker processes, threads) included
@@ -314,9 +311,7 @@ def main() -> None:
     ap.add_argument("--tv-python", default=os.environ.get("FASTLOAD_BENCH_TV_PYTHON"),
                     help="a python with torchvision (and SPDL / DALI if installed)")
     ap.add_argument("--peers", default="tv-pil,tv-decode_jpeg,spdl,dali-cpu",
-                    help="peer rows: tv-pil, tv-decode_jpeg, spdl, dali-cpu (in --tv-python), and "
-                         "fastload-nosplit (fastload with each batch built by one thread, as before its "
-                         "images were shared between threads)")
+                    help="peer rows: tv-pil, tv-decode_jpeg, spdl, dali-cpu (run in --tv-python)")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args()
     if args.worker:
@@ -329,10 +324,8 @@ def main() -> None:
     subprocess.run(["g++", "-O2", str(HERE / "images_ceiling.cpp"), "-ljpeg", "-lpthread", "-o", str(ceiling)],
                    check=True)
     kinds = [("fastload", sys.executable)]
-    peers = [k for k in args.peers.split(",") if k]
-    kinds += [(k, sys.executable) for k in peers if k.startswith("fastload")]
     if args.tv_python:
-        kinds += [(k, args.tv_python) for k in peers if not k.startswith("fastload")]
+        kinds += [(k, args.tv_python) for k in args.peers.split(",") if k]
     else:
         print("no --tv-python: torchvision, SPDL and DALI rows left out", flush=True)
     results = {}
