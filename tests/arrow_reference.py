@@ -129,12 +129,12 @@ def batches_in_child(source: Any, loader_kwargs: dict) -> list[dict]:
     return out
 
 
-def epoch(source, **kw) -> dict:
+def epoch(source, batch_size: int = 7, **kw) -> dict:
     """One epoch in sample order (shuffle off: the source's default order is by row), as numpy arrays (lists stay lists), concatenated."""
     import fastload as fl
 
     out: dict = {}
-    for b in fl.Loader(source, batch_size=7, device="cpu", num_threads=2, **kw):
+    for b in fl.Loader(source, batch_size=batch_size, device="cpu", num_threads=2, **kw):
         for k, v in b.items():
             out.setdefault(k, []).append(v if isinstance(v, list) else v.numpy())
     return {k: sum(v, []) if isinstance(v[0], list) else np.concatenate(v) for k, v in out.items()}

@@ -12,14 +12,13 @@ import pytest
 import fastload as fl
 
 pl = pytest.importorskip("polars")
+pytest.importorskip("pyarrow")
+from arrow_reference import epoch as _epoch  # noqa: E402
 
 
 def epoch(source, **kw) -> dict:
-    out: dict = {}
-    for b in fl.Loader(source, batch_size=9, device="cpu", num_threads=2, **kw):
-        for k, v in b.items():
-            out.setdefault(k, []).append(v if isinstance(v, list) else v.numpy())
-    return {k: sum(v, []) if isinstance(v[0], list) else np.concatenate(v) for k, v in out.items()}
+    return _epoch(source, batch_size=9, **kw)
+
 
 
 def frame(n: int = 60, seed: int = 0):

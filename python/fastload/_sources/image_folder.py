@@ -18,11 +18,10 @@ from .. import _C
 from .._images.fallback import fallback_for
 from .._images.spec import Image, image_backends
 from .._columns.mapping import LazyTable
+from .image_files import IMG_EXTENSIONS, file_filter
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "find_classes", "list_images"]
 
-# torchvision.datasets.folder.IMG_EXTENSIONS
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
@@ -37,15 +36,7 @@ def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
 def list_images(root: str, class_to_idx: dict[str, int], extensions: Sequence[str] | None,
                 is_valid_file: Callable[[str], bool] | None, allow_empty: bool) -> list[tuple[str, int]]:
     """(path, class index) of every image, in torchvision's order."""
-    if (extensions is None) == (is_valid_file is None):
-        raise ValueError("pass exactly one of extensions and is_valid_file")
-    if extensions is not None:
-        suffixes = tuple(e.lower() for e in extensions)
-
-        def is_valid_file(path: str) -> bool:
-            return path.lower().endswith(suffixes)
-
-    assert is_valid_file is not None
+    is_valid_file = file_filter(extensions, is_valid_file)
     samples: list[tuple[str, int]] = []
     found: set[str] = set()
     for name in sorted(class_to_idx):

@@ -18,6 +18,7 @@ import numpy as np
 from .._storage.cache import cache_key
 from .._storage.file_set import FileSet, cache_folder, cache_limit_of, check_cache_holds, redacted
 from .._storage.urls import Url, is_url, parse_url
+from .image_files import file_filter
 
 __all__ = ["RemoteImages", "folder_layout"]
 
@@ -34,15 +35,7 @@ def folder_layout(rels: Sequence[str], root: str, extensions: Sequence[str] | No
     (os.walk's roots sorted), each folder's files sorted; a file kept if is_valid_file(its URL) or
     its name ends with one of `extensions` (case-insensitive). Files directly under root are no
     sample, as for torchvision."""
-    if (extensions is None) == (is_valid_file is None):
-        raise ValueError("pass exactly one of extensions and is_valid_file")
-    if extensions is not None:
-        suffixes = tuple(e.lower() for e in extensions)
-
-        def is_valid_file(path: str) -> bool:
-            return path.lower().endswith(suffixes)
-
-    assert is_valid_file is not None
+    is_valid_file = file_filter(extensions, is_valid_file)
     base = root if root.endswith("/") else root + "/"
     classes = sorted({rel.split("/", 1)[0] for rel in rels if "/" in rel.strip("/")})
     if not classes:
