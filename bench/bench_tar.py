@@ -14,9 +14,13 @@ shards made here (bench/tar_data.py), locally and from moto's S3 server, in one 
                 samples as the members' raw bytes (DALI does not parse .npy or .cls).
   local: shards in the page cache; the clock starts when the source is built (fastload's index
   cached, DALI's pipeline built) and covers one epoch (worker and thread start included).
-  s3: moto's server (`python -m moto.server`, objects in memory) on 127.0.0.1; the clock covers
-  opening too: fastload fetches the shards into an empty cache each round (and indexes them),
-  webdataset streams `pipe:curl -s -f <presigned URL>`, DALI reads s3:// URLs if it can.
+  s3: moto's server on 127.0.0.1, objects in memory: `--moto stock` is `python -m moto.server` as
+  the tests run it; `--moto ranges` (the default) is bench/s3_counting_server.py, whose ranged GETs
+  read their bytes only, as S3's do (stock moto copies the whole object for each range, which
+  charges fastload's ranged parts for moto's copy). The clock covers opening too: fastload
+  fetches the shards into an empty cache each round (and indexes them), webdataset streams
+  `pipe:curl -s -f <presigned URL>`, DALI reads s3:// URLs only with --dali-s3 (slow against
+  moto). "GET ceiling": the same shards fetched whole by 2 boto3 threads, counted in samples.
 - First batch after open over --first-shards small shards against a fastload dataset directory of
   the same samples (fl.Dataset.open: the comparable local source, one dataset shard per tar),
   every file evicted from the page cache first (posix_fadvise): the tar index built (an empty
@@ -122,6 +126,27 @@ def _dali(kind, urls, endpoint, cache):
     return epoch
 
 
+def _get_ceiling(urls, endpoint):
+    """Seconds to GET the shards whole, 2 at a time (boto3, bodies read and dropped): the
+    server's ceiling for the s3 rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+
+    def get(url):
+        bucket, key = url[len("s3://"):].split("/", 1)
+        body, n = s3.get_object(Bucket=bucket, Key=key)["Body"], 0
+        while chunk := body.read(1 << 20):
+            n += len(chunk)
+        return n
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        n = sum(pool.map(get, urls))
+    return n, time.perf_counter() - t0
+
+
 def _first_batch(what, paths, index_cache):
     """(seconds to open, seconds from open to the first batch)."""
     import fastload as fl
@@ -142,9 +167,14 @@ def worker(a) -> None:
         opened, first = _first_batch(spec["what"], spec["urls"], spec["cache"])
         print(json.dumps({"open": opened, "first": first}), flush=True)
         return
+    if spec["loader"] == "get-ceiling":
+        n, seconds = _get_ceiling(spec["urls"], spec["endpoint"])
+        print(json.dumps({"samples": spec["samples"], "seconds": seconds, "bytes": n}), flush=True)
+        return
     make = {"fastload": _fastload, "webdataset": _webdataset, "dali-cpu": _dali}[spec["loader"]]
     remote = spec["endpoint"] is not None
-    t0 = time.perf_counter()
+    __import__({"fastload": "fastload", "webdataset": "webdataset", "dali-cpu": "nvidia.dali"}[spec["loader"]])
+    t0 = time.perf_counter()  # the module imported: its import is no loader's cost
     epoch = make(spec["kind"], spec["urls"], spec["endpoint"], spec["cache"])
     if not remote:
         t0 = time.perf_counter()  # local: the source built, not timed
@@ -178,23 +208,24 @@ def evict(paths) -> None:
             evict_file(Path(p))
 
 
-def throughput(a, kinds, sets, endpoint, s3_urls, scratch) -> dict:
+def throughput(a, kinds, sets, endpoint, s3_urls, scratch, counts) -> dict:
     results = {}
     for kind, paths in sets.items():
         for source in (["local"] + (["s3"] if endpoint else [])):
             urls = paths if source == "local" else s3_urls[kind]
-            rows: dict[str, list[float]] = {k: [] for k, _ in kinds}
+            here = kinds + ([("get-ceiling", sys.executable)] if source == "s3" else [])
+            rows: dict[str, list[float]] = {k: [] for k, _ in here}
             notes: dict[str, str] = {}
             if source == "s3" and not a.dali_s3 and any(k == "dali-cpu" for k, _ in kinds):
                 notes["dali-cpu"] = DALI_S3_NOTE
             index_cache = str(scratch / f"index-{kind}")
             for r in range(a.rounds):
-                order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+                order = here[r % len(here):] + here[:r % len(here)]
                 for name, python in order:
                     if name in notes:
                         continue  # failed before: not retried every round
                     cache = index_cache if source == "local" else str(scratch / f"cache-{kind}-{r}-{name}")
-                    spec = {"loader": name, "kind": kind, "urls": urls, "cache": cache,
+                    spec = {"loader": name, "kind": kind, "urls": urls, "cache": cache, "samples": counts[kind],
                             "endpoint": endpoint if source == "s3" else None}
                     res, err = run_child(python, spec)
                     shutil.rmtree(scratch / f"cache-{kind}-{r}-{name}", ignore_errors=True)
@@ -262,7 +293,8 @@ def print_tables(a, results, first, size, counts) -> None:
             ratios = [f / x for f, x in zip(fast, v)]
             ratio = "1" if name == "fastload" else f"{_med(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
             n = rows[name + ":samples"][-1]
-            print(f"| {kind} | {source} | {name} | {n:,} | {_med(v):,.0f} | {ratio} |")
+            label = "GET ceiling: the shards' bytes by 2 boto3 GETs" if name == "get-ceiling" else name
+            print(f"| {kind} | {source} | {label} | {n:,} | {_med(v):,.0f} | {ratio} |")
     if first:
         gb = size / 1e9
         print(f"\nFirst batch after open, {a.first_shards} small shards ({gb:.2f} GB, {counts:,} samples), batch "
@@ -301,6 +333,8 @@ def main() -> None:
     ap.add_argument("--dali-python", default=os.environ.get("FASTLOAD_BENCH_DALI_PYTHON"),
                     help="a python with nvidia-dali (its CPU pipeline runs without a GPU)")
     ap.add_argument("--no-s3", action="store_true")
+    ap.add_argument("--moto", choices=["stock", "ranges"], default="ranges",
+                    help="stock: python -m moto.server; ranges: ranged GETs read their bytes only (as S3)")
     ap.add_argument("--dali-s3", action="store_true", help="also DALI reading s3:// URLs (slow against moto)")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
@@ -322,14 +356,15 @@ def main() -> None:
     try:
         endpoint, s3_urls = None, {}
         if not a.no_s3:
-            server, endpoint = tar_data.start_moto()
+            server, endpoint = tar_data.start_moto(ranges=a.moto == "ranges")
             os.environ.update(tar_data.CREDENTIALS)
             s3_urls = {k: tar_data.upload(endpoint, "bench-tar", v) for k, v in sets.items()}
         for k, v in sets.items():
             print(f"{k}: {len(v)} shards, {sum(os.path.getsize(p) for p in v) / 2**20:.0f} MiB", flush=True)
-        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()}; 2 threads / 2 workers; batch {BATCH}",
-              flush=True)
-        results = throughput(a, kinds, sets, endpoint, s3_urls, scratch)
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()}; 2 threads / 2 workers; batch {BATCH}; "
+              f"S3: {'no' if a.no_s3 else a.moto + ' moto'}", flush=True)
+        counts = {k: tar_data.count_samples(v) for k, v in sets.items()}
+        results = throughput(a, kinds, sets, endpoint, s3_urls, scratch, counts)
         first = first_batches(a, small_all[:a.first_shards], directory, scratch) if a.first_shards else None
         size = sum(os.path.getsize(p) for p in small_all[:a.first_shards])
         print(f"load average at the end {os.getloadavg()}")

@@ -163,14 +163,20 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "
                "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def start_moto() -> tuple[subprocess.Popen, str]:
-    """moto's S3 server (`python -m moto.server`) on 127.0.0.1 and a free port, objects kept in memory."""
+def start_moto(ranges: bool) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server on 127.0.0.1 and a free port, objects kept in memory: moto's own
+    (`python -m moto.server`, as the tests run it), or with ranges=True the benchmarks' moto whose
+    ranged GETs read their bytes only (s3_counting_server.py, moto_ranges.py): stock moto copies
+    the whole object for each range, which charges a loader that fetches in ranged parts for
+    moto's copy."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, **CREDENTIALS, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(256 << 20)}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    here = Path(__file__).resolve().parent
+    argv = ([sys.executable, str(here / "s3_counting_server.py"), str(port)] if ranges
+            else [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     for _ in range(400):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -194,6 +200,15 @@ def upload(endpoint: str, bucket: str, paths: list[str]) -> list[str]:
         s3.upload_file(p, bucket, key)
         urls.append(f"s3://{bucket}/{key}")
     return urls
+
+
+def count_samples(paths: list[str]) -> int:
+    """Samples (distinct keys) in the shards, by tarfile: the GET ceiling's samples per byte."""
+    keys = set()
+    for p in paths:
+        with tarfile.open(p) as t:
+            keys.update((p, n.split(".", 1)[0]) for n in t.getnames())
+    return len(keys)
 
 
 def presigned(endpoint: str, url: str) -> str:
