@@ -22,7 +22,7 @@ from fastload._images.fallback import PilDecoder
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The decode stage's sources, as CMakeLists.txt lists them for fastload_image, less the decoders
-# (with the one core file they call into).
+# (with the core files they call into).
 IMAGE_SOURCES = ["sample_rng", "image_spec", "crop", "resample", "image_decoder", "image_source", "image_column"]
 
 
@@ -30,6 +30,8 @@ IMAGE_SOURCES = ["sample_rng", "image_spec", "crop", "resample", "image_decoder"
 def test_a_build_without_libjpeg_and_libpng_compiles_and_falls_back(tmp_path):
     sources = [str(ROOT / "csrc" / "image" / f"{s}.cpp") for s in IMAGE_SOURCES]
     sources.append(str(ROOT / "csrc" / "core" / "cpu_cache.cpp"))  # the resize's AVX2 check
+    # image files fetched from object storage are pinned through LazyFiles (and its fork guard)
+    sources += [str(ROOT / "csrc" / "core" / f"{s}.cpp") for s in ("lazy_mappings", "fork_guard")]
     binary = tmp_path / "images_without_decoders"
     # No -DFASTLOAD_WITH_LIBJPEG / -DFASTLOAD_WITH_LIBPNG and no -ljpeg -lpng: what CMake builds when
     # find_package(JPEG) and find_package(PNG) find nothing.
