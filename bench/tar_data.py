@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -168,23 +167,11 @@ def start_moto(ranges: bool) -> tuple[subprocess.Popen, str]:
     (`python -m moto.server`, as the tests run it), or with ranges=True the benchmarks' moto whose
     ranged GETs read their bytes only (s3_counting_server.py, moto_ranges.py): stock moto copies
     the whole object for each range, which charges a loader that fetches in ranged parts for
-    moto's copy."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, **CREDENTIALS, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(256 << 20)}
-    here = Path(__file__).resolve().parent
-    argv = ([sys.executable, str(here / "s3_counting_server.py"), str(port)] if ranges
-            else [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    for _ in range(400):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-            return proc, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("moto's S3 server did not start")
+    moto's copy. Started by remote_peers.start_server, as bench_remote starts it."""
+    from remote_peers import start_server  # noqa: PLC0415 - a sibling script of bench/
+
+    stock = None if ranges else (lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
+    return start_server(stock)
 
 
 def upload(endpoint: str, bucket: str, paths: list[str]) -> list[str]:
