@@ -51,6 +51,23 @@ def equal(a: list, b: list, nonempty: bool = False) -> None:
                 assert x[k].dtype == y[k].dtype and x[k].shape == y[k].shape and bool((x[k] == y[k]).all()), k
 
 
+
+def resume_equals_local(remote, local, steps: int, **kw) -> None:
+    """A Loader over `remote` stopped after `steps` batches and resumed from its state_dict gives
+    the batches that a Loader over `local`, resumed from the same state, gives."""
+    import fastload as fl
+
+    with fl.Loader(remote, **kw) as first:
+        it = iter(first)
+        for _ in range(steps):
+            next(it)
+        state = first.state_dict()
+        del it
+    resumed, reference = fl.Loader(remote, **kw), fl.Loader(local, **kw)
+    resumed.load_state_dict(state)
+    reference.load_state_dict(state)
+    equal(batches(resumed), batches(reference))
+
 def small_dataset(local, width: int, seed: int) -> dict:
     """A dataset directory of 8 shards of 125 rows written at `local` (x: `width` float32s of a
     seeded normal, y: the row's index); returns its columns."""

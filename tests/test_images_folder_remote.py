@@ -14,7 +14,7 @@ import pytest
 from image_reference import encode, needs_native_decoders, photo, write
 
 import fastload as fl
-from remote_helpers import S3_CLIENTS, FolderServer, batches, equal, new_bucket, opts, upload_dir
+from remote_helpers import resume_equals_local, S3_CLIENTS, FolderServer, batches, equal, new_bucket, opts, upload_dir
 
 pytestmark = needs_native_decoders()
 boto3 = pytest.importorskip("boto3")
@@ -104,16 +104,7 @@ def test_resume_a_mix_a_small_cache_faults_and_a_pickle(tree, s3_server, s3_prox
     _equal(_batches(fl.Loader(remote, **kw)), _batches(fl.Loader(local, **kw)))
     stats = remote.storage_stats()
     assert stats.cached_bytes <= limit and stats.evictions > 0
-    with fl.Loader(remote, **kw) as first:
-        it = iter(first)
-        for _ in range(3):
-            next(it)
-        state = first.state_dict()
-        del it
-    resumed, reference = fl.Loader(remote, **kw), fl.Loader(local, **kw)
-    resumed.load_state_dict(state)
-    reference.load_state_dict(state)
-    _equal(_batches(resumed), _batches(reference))
+    resume_equals_local(remote, local, 3, **kw)
     # A Mix: the folder's share of the plan (its own sample ids) is what its fetcher follows.
     other = tmp_path / "other"
     for k in range(5):

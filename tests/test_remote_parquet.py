@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from remote_helpers import (S3_CLIENTS, FolderServer, batches as _batches, equal as _equal, new_bucket, opts as _opts,
+from remote_helpers import (resume_equals_local, S3_CLIENTS, FolderServer, batches as _batches, equal as _equal, new_bucket, opts as _opts,
                             upload_s3)
 
 pa = pytest.importorskip("pyarrow")
@@ -116,16 +116,7 @@ def test_ranks_resume_and_a_small_cache(parquet_dir, s3_server, s3_proxy, tmp_pa
     stats = remote.storage_stats()
     assert stats.cached_bytes <= limit and stats.evictions > 0
     kw = dict(batch_size=64, shuffle=True, seed=9, num_threads=2, order="block", device="cpu")
-    with fl.Loader(remote, **kw) as first:
-        it = iter(first)
-        for _ in range(30):
-            next(it)
-        state = first.state_dict()
-        del it
-    resumed, reference = fl.Loader(remote, **kw), fl.Loader(here, **kw)
-    resumed.load_state_dict(state)
-    reference.load_state_dict(state)
-    _equal(_batches(resumed), _batches(reference))
+    resume_equals_local(remote, here, 30, **kw)
     # A pickle travels by URL (no credentials) and reads the same cache.
     back = pickle.loads(pickle.dumps(remote))
     _equal(_batches(fl.Loader(back, batch_size=100, device="cpu")), _batches(fl.Loader(here, batch_size=100, device="cpu")))

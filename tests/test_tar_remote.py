@@ -12,7 +12,7 @@ import pickle
 import pytest
 
 import fastload as fl
-from remote_helpers import S3_CLIENTS, FolderServer, batches as _batches, equal as _equal, opts, upload_s3
+from remote_helpers import resume_equals_local, S3_CLIENTS, FolderServer, batches as _batches, equal as _equal, opts, upload_s3
 from tar_reference import every_kind_sample, write_shard
 
 boto3 = pytest.importorskip("boto3")
@@ -75,16 +75,7 @@ def test_a_small_cache_resume_faults_and_a_pickle(shards, s3_server, s3_proxy, t
     equal(batches(fl.Loader(remote, **kw)), batches(fl.Loader(here, **kw)))
     stats = remote.storage_stats()
     assert stats.cached_bytes <= limit and stats.evictions > 0
-    with fl.Loader(remote, **kw) as first:
-        it = iter(first)
-        for _ in range(5):
-            next(it)
-        state = first.state_dict()
-        del it
-    resumed, reference = fl.Loader(remote, **kw), fl.Loader(here, **kw)
-    resumed.load_state_dict(state)
-    reference.load_state_dict(state)
-    equal(batches(resumed), batches(reference))
+    resume_equals_local(remote, here, 5, **kw)
     back = pickle.loads(pickle.dumps(remote))
     equal(batches(fl.Loader(back, batch_size=32, device="cpu")), batches(fl.Loader(here, batch_size=32, device="cpu")))
 
