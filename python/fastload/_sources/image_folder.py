@@ -18,7 +18,7 @@ from .. import _C
 from .._images.fallback import fallback_for
 from .._images.spec import Image, image_backends
 from .._columns.mapping import LazyTable
-from .image_files import IMG_EXTENSIONS, file_filter
+from .image_files import IMG_EXTENSIONS, file_filter, refuse_empty_classes
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "find_classes", "list_images"]
 
@@ -50,12 +50,7 @@ def list_images(root: str, class_to_idx: dict[str, int], extensions: Sequence[st
                 if is_valid_file(path):
                     samples.append((path, index))
                     found.add(name)
-    empty = set(class_to_idx) - found
-    if empty and not allow_empty:
-        message = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
-        if extensions is not None:
-            message += f"Supported extensions are: {', '.join(extensions)}"
-        raise FileNotFoundError(message)
+    refuse_empty_classes(class_to_idx, found, extensions, allow_empty)
     return samples
 
 

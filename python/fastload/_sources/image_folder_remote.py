@@ -18,7 +18,7 @@ import numpy as np
 from .._storage.cache import cache_key
 from .._storage.file_set import FileSet, cache_folder, cache_limit_of, check_cache_holds, redacted
 from .._storage.urls import Url, is_url, parse_url
-from .image_files import file_filter
+from .image_files import file_filter, refuse_empty_classes
 
 __all__ = ["RemoteImages", "folder_layout"]
 
@@ -55,12 +55,7 @@ def folder_layout(rels: Sequence[str], root: str, extensions: Sequence[str] | No
         if is_valid_file(base + rels[k]):
             samples.append((k, class_to_idx[cls]))
             found.add(cls)
-    empty = set(classes) - found
-    if empty and not allow_empty:
-        message = f"Found no valid file for the classes {', '.join(sorted(empty))}. "
-        if extensions is not None:
-            message += f"Supported extensions are: {', '.join(extensions)}"
-        raise FileNotFoundError(message)
+    refuse_empty_classes(classes, found, extensions, allow_empty)
     return classes, class_to_idx, samples
 
 
